@@ -1,0 +1,193 @@
+"""Policy objectives, KL estimators, loss aggregation, SFT and reward-model losses.
+
+Shapes: N sequences, L completion positions. `loss_mask` [N, L] bool, True = this token counts.
+Per-token functions return [N, L] tensors; `aggregate` turns them into the scalar of one
+microbatch, divided by a normalizer computed once for the whole minibatch (`agg_normalizer`), so
+the gradient summed over microbatches (and data-parallel ranks) equals the whole minibatch's.
+
+Statistics are returned as detached tensors; only the training loop calls `.item()`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+# log(pi/pi_old) and log(ref/pi) are clamped to ±LOG_RATIO_CLAMP before exp (verl clamps the
+# log-ratio at ±20 the same way): exp(20) ≈ 4.9e8 is finite in fp32 and far beyond any clip range.
+LOG_RATIO_CLAMP = 20.0
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def _stats(ratio: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"ratio": ratio.detach(), "clipped_low": low.detach(), "clipped_high": high.detach()}
+
+
+def _clip_ratio(ratio, a, eps_low, eps_high, dual_clip):
+    """-min(ρA, clip(ρ)A), optional dual clip; ratio [N,L], a [N,1]. Returns (loss, stats)."""
+    unclipped = ratio * a
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * a
+    loss = -torch.minimum(unclipped, clipped)
+    if dual_clip is not None:
+        # For A < 0 the loss -ρA grows without bound in ρ; dual clip caps it at -c·A (c > 1).
+        loss = torch.where(a < 0, torch.minimum(loss, -dual_clip * a), loss)
+    low = (ratio < 1.0 - eps_low) & (a < 0)
+    high = (ratio > 1.0 + eps_high) & (a > 0)
+    return loss, _stats(ratio, low, high)
+
+
+def clipped_surrogate(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    loss_mask: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO/GRPO token-level clipped surrogate: -min(ρA, clip(ρ, 1-ε_low, 1+ε_high)A).
+
+    logp, old_logp: [N, L]; adv: [N]; loss_mask: [N, L] (unused here, kept for a common signature).
+    ρ = exp(logp - old_logp), log-ratio clamped to ±LOG_RATIO_CLAMP.
+    Returns: per-token loss [N, L], stats {ratio, clipped_low, clipped_high} each [N, L] detached.
+    `clipped_low/high` mark tokens where the clip is active (zero gradient).
+    """
+    assert logp.shape == old_logp.shape and adv.shape == logp.shape[:1], (logp.shape, old_logp.shape, adv.shape)
+    ratio = torch.exp((logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return _clip_ratio(ratio, adv.unsqueeze(-1), eps_low, eps_high, dual_clip)
+
+
+def sequence_clipped_surrogate(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    loss_mask: torch.Tensor,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO: the clipped surrogate on the sequence-level ratio s_i = exp(mean_t log(π/π_old)).
+
+    Per token the ratio is sg[s_i] · π/sg[π], which has value s_i and the GSPO gradient
+    s_i · ∇ mean_t log π. Shapes as in `clipped_surrogate`; typical ε are ~1e-3 or smaller.
+    """
+    m = loss_mask.to(logp.dtype)
+    seq_log_ratio = ((logp - old_logp) * m).sum(-1) / m.sum(-1).clamp(min=1)  # [N]
+    seq_log_ratio = seq_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = logp - logp.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    ratio = torch.exp(log_ratio)
+    return _clip_ratio(ratio, adv.unsqueeze(-1), eps_low, eps_high, dual_clip)
+
+
+def weighted_nll(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    loss_mask: torch.Tensor,
+    eps_low: float = 0.0,
+    eps_high: float = 0.0,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """On-policy SFT / REINFORCE: -A · log π (no ratio, no clip). Shapes as `clipped_surrogate`.
+
+    With A = ReLU(r) this is rejection-sampling SFT; with A = r it is REINFORCE. The ratio is
+    still reported (detached) so the run logs how far π moved from π_old.
+    """
+    ratio = torch.exp((logp - old_logp).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    loss = -adv.unsqueeze(-1) * logp
+    none = torch.zeros_like(ratio, dtype=torch.bool)
+    return loss, _stats(ratio, none, none)
+
+
+POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {
+    "clipped": clipped_surrogate,
+    "gspo": sequence_clipped_surrogate,
+    "weighted_nll": weighted_nll,
+}
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(π || π_ref) from samples of π.
+
+    logp, ref_logp: [N, L]. With d = log π_ref - log π (clamped to ±LOG_RATIO_CLAMP):
+      k1 = -d (unbiased, can be negative), k2 = d²/2, k3 = exp(d) - d - 1 (unbiased, ≥ 0; GRPO).
+    Returns: [N, L]; all three are 0 where π == π_ref.
+    To correct for samples drawn from π_old rather than π, multiply by the ratio π/π_old.
+    """
+    d = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d * d
+    if estimator == "k3":
+        return torch.exp(d) - d - 1.0
+    raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+
+
+def agg_normalizer(loss_mask: torch.Tensor, mode: str, constant_len: int | None = None) -> torch.Tensor:
+    """The divisor of `aggregate` for one whole minibatch (sum it across data-parallel ranks).
+
+    loss_mask: [N, L] bool of the WHOLE minibatch (all microbatches of this rank).
+    token-mean: number of counted tokens; seq-mean-*: number of sequences with ≥ 1 counted token;
+    constant (Dr. GRPO): N · constant_len, a fixed budget independent of the sampled lengths.
+    Returns: scalar float32 tensor.
+    """
+    m = loss_mask.bool()
+    if mode == "token-mean":
+        n = m.sum()
+    elif mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
+        n = m.any(-1).sum()
+    elif mode == "constant":
+        if constant_len is None or constant_len <= 0:
+            raise ValueError("loss_agg 'constant' needs a positive constant_len (e.g. max new tokens)")
+        n = torch.tensor(m.shape[0] * constant_len)
+    else:
+        raise ValueError(f"loss_agg must be one of {AGG_MODES}, got {mode!r}")
+    return n.to(torch.float32)
+
+
+def aggregate(per_token: torch.Tensor, loss_mask: torch.Tensor, mode: str, normalizer: torch.Tensor) -> torch.Tensor:
+    """Sums a microbatch's per-token loss and divides by the minibatch normalizer.
+
+    per_token: [n, L]; loss_mask: [n, L] bool; normalizer from `agg_normalizer` on the whole
+    minibatch. Summing the results over the minibatch's microbatches gives the minibatch loss.
+    Returns: scalar.
+    """
+    m = loss_mask.to(per_token.dtype)
+    if mode == "seq-mean-token-mean":
+        per_seq = (per_token * m).sum(-1) / m.sum(-1).clamp(min=1)
+        total = per_seq.sum()
+    elif mode in ("token-mean", "seq-mean-token-sum", "constant"):
+        total = (per_token * m).sum()
+    else:
+        raise ValueError(f"loss_agg must be one of {AGG_MODES}, got {mode!r}")
+    return total / normalizer.clamp(min=1)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x over True entries of mask (0 if none). Detached statistic helper. Returns scalar."""
+    m = mask.to(torch.float32)
+    return (x.detach().float() * m).sum() / m.sum().clamp(min=1)
+
+
+def sft_nll(logp: torch.Tensor, loss_mask: torch.Tensor, normalizer: torch.Tensor | None = None) -> torch.Tensor:
+    """SFT token cross-entropy as seed 004 writes it: mean over each response's tokens, then mean
+    over responses. logp: [n, L] log-probs of the target tokens; loss_mask: [n, L].
+    normalizer: number of responses in the whole (mini)batch (default: this batch's). Returns scalar.
+    """
+    if normalizer is None:
+        normalizer = agg_normalizer(loss_mask, "seq-mean-token-mean")
+    return aggregate(-logp, loss_mask, "seq-mean-token-mean", normalizer)
+
+
+def pairwise_logsigmoid(chosen: torch.Tensor, rejected: torch.Tensor, margin: float = 0.0) -> torch.Tensor:
+    """Bradley-Terry reward-model loss per pair: -log σ(s_chosen - s_rejected - margin).
+
+    chosen, rejected: [B] scalar scores. Returns: [B] (sum and divide by the batch's pair count).
+    """
+    assert chosen.shape == rejected.shape and chosen.dim() == 1, (chosen.shape, rejected.shape)
+    return -F.logsigmoid(chosen - rejected - margin)

@@ -1,0 +1,290 @@
+"""Configuration: frozen nested dataclasses, presets of the SFT-to-GRPO spectrum, YAML, overrides.
+
+Every size carries its unit in its name; `minibatch_size` and `microbatch_size` count sequences
+(completions), never prompts. Derived sizes are properties. Nothing here is mutated after
+construction: overrides build a new Config. `validate()` rejects impossible settings at start-up
+with a message naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpolab import config_io
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name_or_path: str = "builtin:tiny"
+    """Policy model: 'builtin:tiny' (built locally), an HF folder, a .gguf file, or 'smollm2-135m-instruct'."""
+    dtype: str = "float32"
+    """Compute dtype: float32 | bfloat16 (autocast; master weights stay float32) | auto (bf16 if the CPU/GPU has it)."""
+    device: str = "cpu"
+    """Torch device for the policy, e.g. cpu or cuda."""
+    hidden_size: int = 128
+    """builtin:tiny only: hidden width."""
+    num_layers: int = 4
+    """builtin:tiny only: transformer layers."""
+    num_heads: int = 4
+    """builtin:tiny only: attention heads."""
+    lora_rank: int = 0
+    """LoRA rank through PEFT; 0 = full fine-tune. With LoRA the reference is the base with adapters off."""
+    lora_alpha: float = 16.0
+    """LoRA scaling alpha."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "builtin:arith"
+    """Prompt source: 'builtin:arith', 'jsonl:PATH', 'hf:PATH' (local datasets files) or 'rg:TASK' (reasoning-gym)."""
+    eval_prompts: int = 256
+    """Held-out prompts for evaluation (never trained on)."""
+    system_prompt: str | None = None
+    """System prompt for chat templates; None keeps the template's own default."""
+    max_prompt_tokens: int = 256
+    """Longest prompt accepted; longer prompts are reported with their file and line."""
+    seed: int = 0
+    """Seed of the prompt stream and the held-out split."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    prompts_per_step: int = 16
+    """P: prompts per training step (Phase A batch)."""
+    group_size: int = 8
+    """G: completions sampled per prompt."""
+    max_new_tokens: int = 16
+    """Longest completion in tokens; longer ones are cut and flagged truncated."""
+    temperature: float = 1.0
+    """Sampling temperature (also used for the log-probs of the training loss)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 = off)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    engine: str = "hf"
+    """Generation engine: hf (default) or vllm (GPU, optional extra)."""
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    policy_loss: str = "clipped"
+    """clipped (PPO/GRPO token ratio) | gspo (sequence ratio) | weighted_nll (no ratio) | sft (offline data)."""
+    advantage: str = "group_norm"
+    """group_norm | rloo | reinforce (raw r) | relu (ReLU(r), rejection sampling)."""
+    std: str = "sample"
+    """group_norm scale: sample (n-1, as TRL and verl) | population (n, as seed 004's table) | none (Dr. GRPO)."""
+    std_eps: float = 1e-6
+    """Added to the group std before dividing."""
+    clip_eps_low: float = 0.2
+    """Lower clip: ratio floor 1 - clip_eps_low."""
+    clip_eps_high: float = 0.2
+    """Upper clip: ratio ceiling 1 + clip_eps_high (DAPO clip-higher: 0.28)."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens; None = off."""
+    kl_coef: float = 0.04
+    """β of the KL penalty to the frozen reference; 0 = no reference model is loaded."""
+    kl_estimator: str = "k3"
+    """k1 | k2 | k3."""
+    kl_ratio_weighted: bool = True
+    """Multiply the per-token KL by π/π_old (unbiased when samples come from π_old; TRL's default)."""
+    loss_agg: str = "seq-mean-token-mean"
+    """token-mean | seq-mean-token-mean | seq-mean-token-sum | constant (Dr. GRPO)."""
+    agg_constant_tokens: int = 0
+    """Tokens per sequence of the 'constant' normalizer; 0 = rollout.max_new_tokens."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient (loss -= coef · entropy)."""
+    mask_truncated: bool = False
+    """Give no loss to completions cut at max_new_tokens."""
+    filter_zero_std_groups: bool = False
+    """Drop groups whose rewards are all equal from the loss (DAPO dynamic sampling, without resampling)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 50
+    """GRPO steps (one Phase A + one Phase B each)."""
+    epochs: int = 1
+    """μ: passes of Phase B over each rollout batch."""
+    minibatch_size: int = 64
+    """Sequences per optimizer step."""
+    microbatch_size: int = 32
+    """Sequences per forward/backward (gradients accumulate up to a minibatch)."""
+    world_size: int = 1
+    """Data-parallel ranks (each gets minibatch_size / world_size sequences per optimizer step)."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta2: float = 0.999
+    """AdamW β2."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip; 0 = off."""
+    warmup_steps: int = 0
+    """Linear warm-up in optimizer steps."""
+    lr_schedule: str = "constant"
+    """constant | cosine | linear (decay after warm-up, over all optimizer steps)."""
+    seed: int = 0
+    """Seed of sampling, shuffling and initialisation."""
+    max_skipped_steps: int = 3
+    """Stop after this many consecutive optimizer steps skipped for a non-finite loss or gradient."""
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    steps: int = 300
+    """SFT optimizer steps."""
+    batch_size: int = 64
+    """Sequences per optimizer step."""
+    microbatch_size: int = 64
+    """Sequences per forward/backward."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    examples: int = 4000
+    """SFT examples drawn from the task (builtin) or read from data (jsonl)."""
+    refusal_examples: int = 20
+    """builtin: refusal examples among them (few: GRPO is to teach refusing)."""
+    answer_noise: float = 0.0
+    """builtin: share of SFT answers replaced by a plausible wrong one (a noisy teacher)."""
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    name: str = "exact_match"
+    """Registered reward function name."""
+    weight: float = 1.0
+    """Weight in the combined reward."""
+    kwargs: dict = field(default_factory=dict)
+    """Keyword arguments of the reward factory (e.g. path of a reward model)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    out_dir: str = ""
+    """Run directory; empty = a new folder under runs/."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every N steps (0 = only at the end and on SIGTERM/SIGINT)."""
+    keep_checkpoints: int = 2
+    """Keep the last K checkpoints."""
+    samples_every: int = 1
+    """Write the step's groups to samples.jsonl every N steps."""
+    tensorboard: bool = True
+    """Write TensorBoard events under tb/."""
+    progress: bool = True
+    """Show progress (rich on a terminal, plain lines otherwise)."""
+    peak_tflops: float = 0.0
+    """Peak TFLOP/s used for model FLOP utilisation; 0 = measure a GEMM once at start."""
+
+
+@dataclass(frozen=True)
+class Config:
+    preset: str = "grpo"
+    """Name of the preset these values started from (informational)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rewards: tuple[RewardSpec, ...] = (RewardSpec("exact_match", 1.0), RewardSpec("refusal", 1.0))
+    """Reward functions and their weights; the combined reward is their weighted sum."""
+    run: RunConfig = field(default_factory=RunConfig)
+
+    # ---- derived sizes (never stored) ----
+    @property
+    def sequences_per_step(self) -> int:
+        """N = prompts_per_step × group_size."""
+        return self.rollout.prompts_per_step * self.rollout.group_size
+
+    @property
+    def minibatches_per_epoch(self) -> int:
+        return self.sequences_per_step // self.train.minibatch_size
+
+    @property
+    def microbatches_per_minibatch(self) -> int:
+        """Per rank."""
+        return self.train.minibatch_size // (self.train.microbatch_size * self.train.world_size)
+
+    @property
+    def optimizer_steps_per_step(self) -> int:
+        return self.train.epochs * self.minibatches_per_epoch
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.loss.kl_coef > 0
+
+    @property
+    def needs_old_logp_pass(self) -> bool:
+        """False when π_new == π_old for every microbatch (1 epoch, 1 minibatch): old = new.detach()."""
+        return self.optimizer_steps_per_step > 1
+
+    @property
+    def agg_constant_tokens_resolved(self) -> int:
+        return self.loss.agg_constant_tokens or self.rollout.max_new_tokens
+
+    def validate(self) -> "Config":
+        """Raises ConfigError naming the field and the fix; returns self for chaining."""
+        config_io.validate_config(self)
+        return self
+
+    def replace(self, **dotted: Any) -> "Config":
+        """A new Config with dotted overrides, e.g. replace(**{"loss.kl_coef": 0.0})."""
+        return config_io.apply_overrides(self, [f"{k}={config_io.dump_value(v)}" for k, v in dotted.items()])
+
+
+# Each preset is only a set of field values on top of the defaults (which are GRPO's).
+PRESETS: dict[str, dict[str, Any]] = {
+    "sft": {"loss.policy_loss": "sft", "loss.kl_coef": 0.0},
+    "onpolicy_sft": {"loss.policy_loss": "weighted_nll", "loss.advantage": "relu", "loss.kl_coef": 0.0},
+    "reinforce": {"loss.policy_loss": "weighted_nll", "loss.advantage": "reinforce", "loss.kl_coef": 0.0},
+    "reinforce_norm": {"loss.policy_loss": "weighted_nll", "loss.advantage": "group_norm", "loss.kl_coef": 0.0},
+    "grpo": {},
+    "grpo_no_kl": {"loss.kl_coef": 0.0},
+    "dr_grpo": {"loss.std": "none", "loss.loss_agg": "constant", "loss.kl_coef": 0.0},
+    "dapo": {
+        "loss.clip_eps_low": 0.2,
+        "loss.clip_eps_high": 0.28,
+        "loss.kl_coef": 0.0,
+        "loss.loss_agg": "token-mean",
+        "loss.filter_zero_std_groups": True,
+    },
+    "gspo": {
+        "loss.policy_loss": "gspo",
+        "loss.clip_eps_low": 3e-4,
+        "loss.clip_eps_high": 4e-4,
+        "loss.kl_coef": 0.0,
+        "loss.loss_agg": "seq-mean-token-mean",
+    },
+    "rloo": {"loss.advantage": "rloo", "loss.kl_coef": 0.0},
+}
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the field (and file:line when known)."""
+
+
+def from_preset(name: str, overrides: list[str] | None = None) -> Config:
+    """Config of a preset with dotted `key=value` overrides applied, validated."""
+    if name not in PRESETS:
+        raise ConfigError(f"preset: unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    cfg = config_io.apply_overrides(Config(preset=name), [f"{k}={config_io.dump_value(v)}" for k, v in PRESETS[name].items()])
+    return config_io.apply_overrides(cfg, overrides or []).validate()
+
+
+def load(path: str, overrides: list[str] | None = None) -> Config:
+    """Config from a YAML file (a `preset:` key picks the starting values), then overrides."""
+    return config_io.load_yaml(path, overrides or []).validate()
+
+
+def dump(cfg: Config, path: str | None = None) -> str:
+    """The fully resolved config as YAML (written to path if given)."""
+    text = config_io.dump_yaml(cfg)
+    if path:
+        with open(path, "w") as f:
+            f.write(text)
+    return text
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,291 @@
+"""Building Config objects from YAML and dotted overrides, type checking, and validation.
+
+Kept apart from config.py so that the dataclasses read as plain documentation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any
+
+import yaml
+
+
+def _err(msg: str):
+    from grpolab.config import ConfigError
+
+    return ConfigError(msg)
+
+
+# ----------------------------------------------------------------------------- typing helpers
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(value: Any, tp: Any, where: str, lines=None, source: str = "") -> Any:
+    """Checks `value` against the annotation `tp`; returns it (ints accepted for floats)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, where)
+            except Exception:
+                continue
+        raise _err(f"{where}: expected {tp}, got {value!r}")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise _err(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _err(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _err(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise _err(f"{where}: expected a string, got {value!r}")
+        return value
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise _err(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if origin is tuple:
+        from grpolab.config import RewardSpec
+
+        (inner, _ellipsis) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise _err(f"{where}: expected a list, got {value!r}")
+        if inner is RewardSpec:
+            return tuple(_reward_spec(v, f"{where}[{i}]", lines, source) for i, v in enumerate(value))
+        return tuple(_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, where, lines, source)
+    raise _err(f"{where}: unsupported type {tp}")
+
+
+def _reward_spec(value: Any, where: str, lines=None, source: str = ""):
+    from grpolab.config import RewardSpec
+
+    if isinstance(value, RewardSpec):
+        return value
+    if isinstance(value, str):  # "name" or "name:weight"
+        name, _, w = value.partition(":")
+        return RewardSpec(name=name.strip(), weight=float(w) if w else 1.0)
+    return build(RewardSpec, value, where, lines, source)
+
+
+def build(cls, data: Any, where: str = "", lines: dict[str, int] | None = None, source: str = ""):
+    """Builds dataclass `cls` from a mapping, rejecting unknown keys and wrong types."""
+    if dataclasses.is_dataclass(data) and isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise _err(f"{_loc(where, lines, source)}: expected a mapping for {cls.__name__}, got {data!r}")
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" Did you mean {(where + '.' if where else '') + close[0]!r}?" if close else ""
+            raise _err(f"{_loc(path, lines, source)}: unknown field {path!r}.{hint} Fields here: {', '.join(names)}")
+        if dataclasses.is_dataclass(hints[key]) or typing.get_origin(hints[key]) is tuple:
+            kwargs[key] = _coerce(value, hints[key], path, lines, source)  # located inside
+            continue
+        try:
+            kwargs[key] = _coerce(value, hints[key], path)
+        except Exception as e:  # re-raise with file:line
+            msg = str(e)
+            raise _err(f"{_loc(path, lines, source)}: {msg.split(': ', 1)[-1]}" if lines else msg) from None
+    return cls(**kwargs)
+
+
+def _loc(path: str, lines: dict[str, int] | None, source: str) -> str:
+    if lines and source:
+        ln = lines.get(path) or lines.get(path.rsplit(".", 1)[0])
+        if ln:
+            return f"{source}:{ln}: {path}"
+    return path
+
+
+# ----------------------------------------------------------------------------- YAML
+def _key_lines(text: str) -> dict[str, int]:
+    """Dotted key -> 1-based line number, from the YAML node tree."""
+    out: dict[str, int] = {}
+
+    def walk(node, prefix):
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = f"{prefix}.{k.value}" if prefix else str(k.value)
+                out[key] = k.start_mark.line + 1
+                walk(v, key)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                walk(v, f"{prefix}[{i}]")
+
+    try:
+        walk(yaml.compose(text), "")
+    except yaml.YAMLError:
+        pass
+    return out
+
+
+def load_yaml(path: str, overrides: list[str]):
+    from grpolab.config import PRESETS, Config
+
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise _err(f"config file {path!r} cannot be read: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else path
+        raise _err(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise _err(f"{path}:1: the config must be a mapping of sections (model:, rollout:, ...)")
+    lines = _key_lines(text)
+    preset = data.get("preset", "grpo")
+    if preset not in PRESETS:
+        raise _err(f"{path}:{lines.get('preset', 1)}: preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    base = apply_overrides(Config(preset=preset), [f"{k}={dump_value(v)}" for k, v in PRESETS[preset].items()])
+    merged = _merge(dataclasses.asdict(base), data)
+    merged["rewards"] = data.get("rewards", [dataclasses.asdict(r) for r in base.rewards])
+    cfg = build(Config, merged, "", lines, path)
+    return apply_overrides(cfg, overrides)
+
+
+def _merge(base: dict, new: dict) -> dict:
+    out = dict(base)
+    for k, v in new.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "kwargs" else v
+    return out
+
+
+def dump_value(v: Any) -> str:
+    return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+
+
+def dump_yaml(cfg) -> str:
+    d = dataclasses.asdict(cfg)
+    d["rewards"] = [dict(r) for r in d["rewards"]]
+    return yaml.safe_dump(d, sort_keys=False)
+
+
+def apply_overrides(cfg, overrides: list[str]):
+    """Applies 'section.field=value' strings (values parsed as YAML) to a Config, returning a new one."""
+    from grpolab.config import Config
+
+    d = dataclasses.asdict(cfg)
+    for ov in overrides:
+        key, sep, raw = ov.partition("=")
+        if not sep or not key.strip():
+            raise _err(f"override {ov!r}: expected key=value, e.g. loss.clip_eps_high=0.28")
+        key = key.strip()
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        parts = key.split(".")
+        node = d
+        for i, p in enumerate(parts[:-1]):
+            if not isinstance(node, dict) or p not in node:
+                return build(Config, _set_unknown(d, parts[: i + 1]), "")  # raises with a hint
+            node = node[p]
+        if not isinstance(node, dict) or parts[-1] not in node:
+            return build(Config, _set_unknown(d, parts), "")
+        node[parts[-1]] = value
+    return build(Config, d, "")
+
+
+def _set_unknown(d: dict, parts: list[str]) -> dict:
+    """A copy of d with the unknown key inserted, so that `build` reports it with a suggestion."""
+    out = dict(d)
+    node = out
+    for p in parts[:-1]:
+        node[p] = dict(node[p]) if isinstance(node.get(p), dict) else {}
+        node = node[p]
+    node[parts[-1]] = None
+    return out
+
+
+# ----------------------------------------------------------------------------- validation
+def _choice(value, allowed, field_name):
+    if value not in allowed:
+        close = difflib.get_close_matches(str(value), list(allowed), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise _err(f"{field_name}={value!r} is not one of {', '.join(map(str, allowed))}.{hint}")
+
+
+def validate_config(cfg) -> None:
+    from grpolab.algo.advantages import ADVANTAGE_KINDS, STD_MODES
+    from grpolab.algo.losses import AGG_MODES, KL_ESTIMATORS
+
+    r, t, lo = cfg.rollout, cfg.train, cfg.loss
+    _choice(lo.policy_loss, ("clipped", "gspo", "weighted_nll", "sft"), "loss.policy_loss")
+    _choice(lo.advantage, ADVANTAGE_KINDS, "loss.advantage")
+    _choice(lo.std, STD_MODES, "loss.std")
+    _choice(lo.kl_estimator, KL_ESTIMATORS, "loss.kl_estimator")
+    _choice(lo.loss_agg, AGG_MODES, "loss.loss_agg")
+    _choice(t.lr_schedule, ("constant", "cosine", "linear"), "train.lr_schedule")
+    _choice(cfg.model.dtype, ("float32", "bfloat16", "auto"), "model.dtype")
+    _choice(r.engine, ("hf", "vllm"), "rollout.engine")
+    positive = {
+        "rollout.prompts_per_step": r.prompts_per_step, "rollout.group_size": r.group_size,
+        "rollout.max_new_tokens": r.max_new_tokens, "train.epochs": t.epochs,
+        "train.minibatch_size": t.minibatch_size, "train.microbatch_size": t.microbatch_size,
+        "train.world_size": t.world_size, "sft.batch_size": cfg.sft.batch_size,
+        "sft.microbatch_size": cfg.sft.microbatch_size, "train.max_skipped_steps": t.max_skipped_steps,
+    }
+    for name, v in positive.items():
+        if v < 1:
+            raise _err(f"{name}={v} must be at least 1")
+    nonneg = {"train.steps": t.steps, "loss.kl_coef": lo.kl_coef, "loss.clip_eps_low": lo.clip_eps_low,
+              "loss.clip_eps_high": lo.clip_eps_high, "train.warmup_steps": t.warmup_steps,
+              "train.max_grad_norm": t.max_grad_norm, "loss.entropy_coef": lo.entropy_coef,
+              "sft.steps": cfg.sft.steps, "loss.std_eps": lo.std_eps}
+    for name, v in nonneg.items():
+        if v < 0:
+            raise _err(f"{name}={v} must be ≥ 0")
+    if r.temperature <= 0:
+        raise _err(f"rollout.temperature={r.temperature} must be > 0 (use a small value such as 1e-3 for near-greedy)")
+    if not 0 < r.top_p <= 1:
+        raise _err(f"rollout.top_p={r.top_p} must be in (0, 1]")
+    if t.lr <= 0:
+        raise _err(f"train.lr={t.lr} must be > 0")
+    if lo.dual_clip is not None and lo.dual_clip <= 1:
+        raise _err(f"loss.dual_clip={lo.dual_clip} must be > 1 (typically 3), or null to turn it off")
+    if lo.advantage in ("group_norm", "rloo") and r.group_size < 2:
+        raise _err(f"rollout.group_size={r.group_size}: loss.advantage={lo.advantage!r} compares completions "
+                   "within a group, so group_size must be at least 2")
+    n = cfg.sequences_per_step
+    if n % t.minibatch_size:
+        divs = [d for d in range(1, n + 1) if n % d == 0]
+        raise _err(f"train.minibatch_size={t.minibatch_size} does not divide the {n} sequences of a step "
+                   f"(rollout.prompts_per_step={r.prompts_per_step} × rollout.group_size={r.group_size}); "
+                   f"set train.minibatch_size to one of {divs}")
+    per = t.microbatch_size * t.world_size
+    if t.minibatch_size % per:
+        raise _err(f"train.minibatch_size={t.minibatch_size} is not a multiple of train.microbatch_size × "
+                   f"train.world_size = {t.microbatch_size} × {t.world_size} = {per}; change train.microbatch_size "
+                   f"to a divisor of {t.minibatch_size // t.world_size}")
+    if cfg.sft.batch_size % cfg.sft.microbatch_size:
+        raise _err(f"sft.batch_size={cfg.sft.batch_size} is not a multiple of sft.microbatch_size={cfg.sft.microbatch_size}")
+    if not cfg.rewards and lo.policy_loss != "sft":
+        raise _err("rewards: at least one reward function is needed (e.g. rewards: [{name: exact_match, weight: 1.0}])")
+    names = [s.name for s in cfg.rewards]
+    if len(set(names)) != len(names):
+        raise _err(f"rewards: each reward function may appear once, got {names}")

@@ -1,0 +1,138 @@
+"""The reward-function protocol, a registry by name, and the weighted combination.
+
+A reward function scores a batch of completions. It gets the prompts, the completions and one
+metadata dict per row (e.g. the gold answer of the task), and returns one float per row, or None
+where it abstains (e.g. a math verifier on a row with no gold answer). Abstentions become NaN in
+the score tensor; `combine` skips them row by row (the row's weighted sum uses the other rewards).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class RewardFn(Protocol):
+    """Scores completions: one float (or None to abstain) per row."""
+
+    name: str
+
+    def __call__(
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        metadata: Sequence[dict[str, Any]],
+    ) -> list[float | None]: ...
+
+
+_REGISTRY: dict[str, Callable[..., RewardFn]] = {}
+
+
+def register_reward(name: str):
+    """Class/function decorator: makes a reward factory buildable by name from the config."""
+
+    def deco(factory):
+        if name in _REGISTRY:
+            raise ValueError(f"reward {name!r} is registered twice")
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def reward_names() -> list[str]:
+    _import_builtin_rewards()
+    return sorted(_REGISTRY)
+
+
+def build_reward(name: str, **kwargs: Any) -> RewardFn:
+    """Builds the reward registered as `name` with its keyword arguments from the config."""
+    _import_builtin_rewards()
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, _REGISTRY, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"rewards: unknown reward function {name!r}.{hint} Known: {', '.join(sorted(_REGISTRY))}."
+        )
+    try:
+        fn = _REGISTRY[name](**kwargs)
+    except TypeError as e:
+        raise ValueError(f"rewards: reward {name!r} got bad arguments {kwargs}: {e}") from None
+    fn.name = getattr(fn, "name", name) or name
+    return fn
+
+
+def _import_builtin_rewards() -> None:
+    # Importing the modules registers their rewards; optional ones register lazily.
+    from grpolab.rewards import rules  # noqa: F401
+
+    for mod in ("grpolab.rewards.reward_model", "grpolab.rewards.verifiers", "grpolab.rewards.sandbox",
+                "grpolab.rewards.self_likelihood"):
+        try:
+            __import__(mod)
+        except ImportError:
+            pass
+
+
+class RewardError(RuntimeError):
+    """A reward function failed or broke the protocol; the message names it and the row."""
+
+
+def score_batch(
+    fn: RewardFn,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    metadata: Sequence[dict[str, Any]],
+) -> torch.Tensor:
+    """Calls one reward function and checks what it returns.
+
+    Returns: [N] float32 tensor, NaN where the function abstained (returned None).
+    Raises RewardError naming the function and the row for a wrong count, a non-number or inf.
+    """
+    n = len(completions)
+    out = fn(prompts, completions, metadata)
+    if out is None or not hasattr(out, "__len__") or len(out) != n:
+        got = "None" if out is None else (len(out) if hasattr(out, "__len__") else type(out).__name__)
+        raise RewardError(f"reward {fn.name!r} returned {got} scores for {n} completions; it must return one per row")
+    vals = []
+    for i, v in enumerate(out):
+        if v is None:
+            vals.append(math.nan)
+            continue
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise RewardError(f"reward {fn.name!r} returned {v!r} for row {i}; expected a float or None") from None
+        if not math.isfinite(f):
+            raise RewardError(
+                f"reward {fn.name!r} returned {f} for row {i} (prompt {str(prompts[i])[:60]!r}); "
+                "return None to abstain instead"
+            )
+        vals.append(f)
+    return torch.tensor(vals, dtype=torch.float32)
+
+
+@dataclass(frozen=True)
+class WeightedReward:
+    fn: RewardFn
+    weight: float
+
+
+def combine(scores: dict[str, torch.Tensor], weights: dict[str, float]) -> torch.Tensor:
+    """Weighted sum of several reward functions' scores into one scalar per row.
+
+    scores: name -> [N] (NaN = abstained). A row's abstaining functions are left out of its sum;
+    a row where every function abstained gets NaN (the advantage functions give it 0).
+    Returns: [N] float32.
+    """
+    names = list(scores)
+    stacked = torch.stack([scores[k] for k in names], dim=0)  # [K, N]
+    w = torch.tensor([weights[k] for k in names], dtype=stacked.dtype).unsqueeze(1)  # [K, 1]
+    present = ~torch.isnan(stacked)
+    total = torch.where(present, stacked * w, torch.zeros_like(stacked)).sum(0)
+    return torch.where(present.any(0), total, torch.full_like(total, math.nan))

@@ -1,0 +1,109 @@
+import dataclasses
+
+import pytest
+
+from grpolab import config as C
+
+
+@pytest.mark.parametrize("name", sorted(C.PRESETS))
+def test_every_preset_validates_and_round_trips_yaml(name, tmp_path):
+    cfg = C.from_preset(name)
+    assert cfg.preset == name
+    path = tmp_path / "c.yaml"
+    C.dump(cfg, str(path))
+    assert C.load(str(path)) == cfg
+
+
+def test_preset_values():
+    assert C.from_preset("grpo_no_kl").needs_reference is False
+    assert C.from_preset("grpo").needs_reference is True
+    dapo = C.from_preset("dapo")
+    assert (dapo.loss.clip_eps_low, dapo.loss.clip_eps_high, dapo.loss.loss_agg) == (0.2, 0.28, "token-mean")
+    assert C.from_preset("dr_grpo").loss.std == "none"
+    assert C.from_preset("onpolicy_sft").loss.advantage == "relu"
+    assert C.from_preset("gspo").loss.policy_loss == "gspo"
+
+
+def test_derived_sizes():
+    cfg = C.from_preset("grpo", ["rollout.prompts_per_step=4", "rollout.group_size=8", "train.minibatch_size=16",
+                                 "train.microbatch_size=4", "train.epochs=2"])
+    assert cfg.sequences_per_step == 32
+    assert cfg.minibatches_per_epoch == 2
+    assert cfg.microbatches_per_minibatch == 4
+    assert cfg.optimizer_steps_per_step == 4
+    assert cfg.needs_old_logp_pass
+    one = cfg.replace(**{"train.epochs": 1, "train.minibatch_size": 32})
+    assert not one.needs_old_logp_pass
+    assert cfg.train.epochs == 2  # the original is untouched
+
+
+def test_frozen():
+    cfg = C.Config()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.train.lr = 1.0  # type: ignore[misc]
+
+
+def test_overrides_parse_types():
+    cfg = C.from_preset("grpo", ["loss.clip_eps_high=0.28", "loss.dual_clip=3", "loss.mask_truncated=true",
+                                 "rewards=[exact_match:2.0, refusal]"])
+    assert cfg.loss.clip_eps_high == 0.28 and cfg.loss.dual_clip == 3.0 and cfg.loss.mask_truncated is True
+    assert [(r.name, r.weight) for r in cfg.rewards] == [("exact_match", 2.0), ("refusal", 1.0)]
+    assert C.from_preset("grpo", ["loss.dual_clip=null"]).loss.dual_clip is None
+
+
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("loss.clip_eps_hgh=0.3", "Did you mean 'loss.clip_eps_high'"),
+        ("lose.kl_coef=0", "Did you mean 'loss'"),
+        ("train.lr=abc", "train.lr: expected a number"),
+        ("train.steps=1.5", "train.steps: expected an integer"),
+        ("loss.mask_truncated=3", "loss.mask_truncated: expected true or false"),
+        ("train.minibatch_size=48", "set train.minibatch_size to one of"),
+        ("train.microbatch_size=48", "change train.microbatch_size"),
+        ("loss.std=pop", "loss.std='pop' is not one of"),
+        ("rollout.group_size=1", "group_size must be at least 2"),
+        ("rollout.temperature=0", "rollout.temperature=0.0 must be > 0"),
+        ("loss.dual_clip=0.5", "loss.dual_clip=0.5 must be > 1"),
+        ("train.lr=-1", "train.lr=-1.0 must be > 0"),
+        ("noequals", "expected key=value"),
+    ],
+)
+def test_bad_overrides_name_the_field(override, needle):
+    with pytest.raises(C.ConfigError) as e:
+        C.from_preset("grpo", [override])
+    assert needle in str(e.value)
+
+
+def test_yaml_errors_name_file_and_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("preset: dapo\nrollout:\n  group_size: 8\n  temprature: 0.7\n")
+    with pytest.raises(C.ConfigError) as e:
+        C.load(str(p))
+    msg = str(e.value)
+    assert f"{p}:4" in msg and "rollout.temprature" in msg and "temperature" in msg
+
+    p.write_text("train:\n  lr: fast\n")
+    with pytest.raises(C.ConfigError, match=r"bad.yaml:2: train.lr"):
+        C.load(str(p))
+
+    p.write_text("train: [1, 2\n")
+    with pytest.raises(C.ConfigError, match="not valid YAML"):
+        C.load(str(p))
+    with pytest.raises(C.ConfigError, match="cannot be read"):
+        C.load(str(tmp_path / "missing.yaml"))
+
+
+def test_yaml_preset_then_file_values_then_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("preset: dapo\nloss:\n  clip_eps_high: 0.3\nrewards:\n  - {name: exact_match, weight: 0.5}\n")
+    cfg = C.load(str(p), ["train.steps=7"])
+    assert cfg.loss.loss_agg == "token-mean"  # from the preset
+    assert cfg.loss.clip_eps_high == 0.3  # from the file
+    assert cfg.train.steps == 7  # from the override
+    assert [(r.name, r.weight) for r in cfg.rewards] == [("exact_match", 0.5)]
+
+
+def test_unknown_preset():
+    with pytest.raises(C.ConfigError, match="unknown preset 'ppo'"):
+        C.from_preset("ppo")

@@ -1,0 +1,169 @@
+"""The one list of metrics.jsonl keys, and light validators for the run-directory files.
+
+`METRICS` names every key the GRPO loop writes per step, with a one-line description and a unit.
+Per reward function NAME the loop also writes `reward/NAME/mean` and `reward/NAME/std`
+(`REWARD_FN_KEYS`). Later work may add keys: unknown extra keys are allowed everywhere.
+
+Values: `int` keys hold JSON integers; `float` keys hold JSON numbers or `null` (a non-finite
+float is written as null, because NaN is not valid JSON).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    key: str
+    description: str
+    unit: str
+    kind: Literal["float", "int"] = "float"
+    required: bool = True
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("step", "GRPO step index (one rollout batch and its learning phase)", "step", "int"),
+    MetricSpec("reward/mean", "mean combined (weighted) reward over the N = P×G completions",
+               "reward"),
+    MetricSpec("reward/std", "std of the combined reward over the N completions", "reward"),
+    MetricSpec("accuracy", "share of verifiable rows scored correct (absent without a verifier)",
+               "fraction", required=False),
+    MetricSpec("adv/mean", "mean advantage over the N completions", "advantage"),
+    MetricSpec("adv/std", "std of the advantages", "advantage"),
+    MetricSpec("adv/min", "smallest advantage", "advantage"),
+    MetricSpec("adv/max", "largest advantage", "advantage"),
+    MetricSpec("groups/zero_std_frac", "share of prompt groups whose G rewards are all equal",
+               "fraction"),
+    MetricSpec("kl", "mean per-token KL estimate to the reference policy", "nats/token"),
+    MetricSpec("clip/low_frac", "share of tokens clipped at 1-ε_low (negative advantage)",
+               "fraction"),
+    MetricSpec("clip/high_frac", "share of tokens clipped at 1+ε_high (positive advantage)",
+               "fraction"),
+    MetricSpec("ratio/mean", "mean importance ratio π_new/π_old over tokens", "ratio"),
+    MetricSpec("ratio/min", "smallest importance ratio", "ratio"),
+    MetricSpec("ratio/max", "largest importance ratio", "ratio"),
+    MetricSpec("entropy", "mean per-token entropy of the policy", "nats/token"),
+    MetricSpec("loss", "policy loss (mean over the step's minibatches)", "loss"),
+    MetricSpec("grad_norm", "gradient norm before clipping (mean over minibatches)", "L2 norm"),
+    MetricSpec("lr", "learning rate at the end of the step", "dimensionless"),
+    MetricSpec("len/mean", "mean completion length", "tokens"),
+    MetricSpec("len/max", "longest completion", "tokens"),
+    MetricSpec("len/truncated_frac", "share of completions cut at the max new tokens", "fraction"),
+    MetricSpec("time/rollout_s", "generation time (phase A)", "s"),
+    MetricSpec("time/score_s", "reward scoring time", "s"),
+    MetricSpec("time/logprob_s", "old/reference log-prob forward passes", "s"),
+    MetricSpec("time/learn_s", "learning phase (phase B)", "s"),
+    MetricSpec("time/step_s", "whole step, wall clock", "s"),
+    MetricSpec("tokens_per_s/rollout", "generated tokens per second in the rollout", "tokens/s"),
+    MetricSpec("tokens_per_s/learn", "trained tokens (prompt+completion) per second, phase B",
+               "tokens/s"),
+    MetricSpec("mfu", "model FLOP utilisation against peak_flops (metrics.model_flops_per_token)",
+               "fraction"),
+    MetricSpec("skipped_steps", "optimizer steps skipped so far (e.g. non-finite gradients)",
+               "count", "int"),
+    MetricSpec("reward_errors", "reward-function calls that raised so far", "count", "int"),
+)
+
+METRIC_BY_KEY: dict[str, MetricSpec] = {m.key: m for m in METRICS}
+
+REWARD_FN_KEYS: tuple[MetricSpec, ...] = (
+    MetricSpec("reward/{name}/mean", "mean score of reward function NAME (abstentions skipped)",
+               "reward"),
+    MetricSpec("reward/{name}/std", "std of reward function NAME's scores", "reward"),
+)
+
+_REWARD_FN_RE = re.compile(r"^reward/(?P<name>.+)/(?P<stat>mean|std)$")
+
+
+def reward_fn_names(row_or_keys: Any) -> list[str]:
+    """Reward-function names found in keys like `reward/NAME/mean`, in first-seen order."""
+    names: list[str] = []
+    for key in row_or_keys:
+        m = _REWARD_FN_RE.match(key)
+        if m and m["name"] not in names:
+            names.append(m["name"])
+    return names
+
+
+def describe(key: str) -> MetricSpec | None:
+    """The spec of a key, including per-reward-function keys; None for an unknown extra key."""
+    if key in METRIC_BY_KEY:
+        return METRIC_BY_KEY[key]
+    m = _REWARD_FN_RE.match(key)
+    if m:
+        spec = REWARD_FN_KEYS[0 if m["stat"] == "mean" else 1]
+        return MetricSpec(key, spec.description.replace("NAME", m["name"]), spec.unit)
+    return None
+
+
+def _type_problem(key: str, value: Any, kind: str) -> str | None:
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{key!r} must be an integer, got {value!r}"
+        return None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{key!r} must be a number or null, got {value!r}"
+    if not math.isfinite(value):
+        return f"{key!r} is {value!r}: write non-finite floats as null"
+    return None
+
+
+def validate_metrics_row(row: Any, *, reward_names: list[str] | None = None) -> None:
+    """Raises ValueError listing every problem of one metrics.jsonl row.
+
+    Checks: row is a dict; every required key of METRICS is present with the right type
+    (float keys: finite number or null; int keys: integer); `step` >= 0; every
+    `reward/NAME/mean|std` key is a number or null, and present for each of `reward_names`
+    when given. Unknown extra keys are allowed.
+    """
+    if not isinstance(row, dict):
+        raise ValueError(f"metrics row must be a JSON object, got {type(row).__name__}")
+    problems = [f"missing key {m.key!r}" for m in METRICS if m.required and m.key not in row]
+    for key, value in row.items():
+        spec = describe(key)
+        if spec is not None:
+            problem = _type_problem(key, value, spec.kind)
+            if problem:
+                problems.append(problem)
+    if isinstance(row.get("step"), int) and not isinstance(row["step"], bool) and row["step"] < 0:
+        problems.append(f"'step' must be >= 0, got {row['step']}")
+    for name in reward_names or []:
+        for stat in ("mean", "std"):
+            if f"reward/{name}/{stat}" not in row:
+                problems.append(f"missing key 'reward/{name}/{stat}' for reward function {name!r}")
+    if problems:
+        step = row.get("step", "?")
+        raise ValueError(f"metrics row (step {step}): " + "; ".join(problems))
+
+
+def validate_sample_row(row: Any) -> None:
+    """Raises ValueError naming the first bad field of one samples.jsonl row (one prompt group)."""
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ValueError(f"samples row: {msg}")
+
+    need(isinstance(row, dict), f"must be a JSON object, got {type(row).__name__}")
+    need(isinstance(row.get("step"), int) and not isinstance(row.get("step"), bool),
+         f"'step' must be an integer, got {row.get('step')!r}")
+    need(isinstance(row.get("prompt"), str), "'prompt' must be a string")
+    need(isinstance(row.get("meta", {}), dict), "'meta' must be an object")
+    comps = row.get("completions")
+    need(isinstance(comps, list), "'completions' must be a list")
+    for i, c in enumerate(comps):
+        where = f"completions[{i}]"
+        need(isinstance(c, dict), f"{where} must be an object")
+        need(isinstance(c.get("text"), str), f"{where}.text must be a string")
+        need(isinstance(c.get("rewards", {}), dict), f"{where}.rewards must be an object")
+        for name, v in c.get("rewards", {}).items():
+            need(v is None or _type_problem(name, v, "float") is None,
+                 f"{where}.rewards[{name!r}] must be a number or null, got {v!r}")
+        for field in ("reward", "advantage"):
+            v = c.get(field)
+            need(v is None or _type_problem(field, v, "float") is None,
+                 f"{where}.{field} must be a number or null, got {v!r}")

@@ -46,7 +46,13 @@ class DataConfig:
     max_prompt_tokens: int = 256
     """Longest prompt accepted; longer prompts are reported with their file and line."""
     seed: int = 0
-    """Seed of the prompt stream and the held-out split."""
+    """Seed of the held-out split (the prompt stream follows train.seed)."""
+    arith_ops: str = "+-*/"
+    """builtin:arith: operations used."""
+    arith_unanswerable_share: float = 0.25
+    """builtin:arith: share of unanswerable prompts (division by zero, missing operand) in GRPO batches and eval."""
+    arith_eval_fraction: float = 0.2
+    """builtin:arith: share of the fact space held out for evaluation, never trained on."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,8 @@ class TrainConfig:
     """Seed of sampling, shuffling and initialisation."""
     max_skipped_steps: int = 3
     """Stop after this many consecutive optimizer steps skipped for a non-finite loss or gradient."""
+    on_reward_error: str = "raise"
+    """What a reward function that raises does: raise | zero (scores 0) | skip_group (abstains)."""
 
 
 @dataclass(frozen=True)

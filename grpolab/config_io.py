@@ -49,6 +49,11 @@ def _coerce(value: Any, tp: Any, where: str, lines=None, source: str = "") -> An
             raise _err(f"{where}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _err(f"{where}: expected a number, got {value!r}")
         return float(value)
@@ -243,6 +248,7 @@ def validate_config(cfg) -> None:
     _choice(t.lr_schedule, ("constant", "cosine", "linear"), "train.lr_schedule")
     _choice(cfg.model.dtype, ("float32", "bfloat16", "auto"), "model.dtype")
     _choice(r.engine, ("hf", "vllm"), "rollout.engine")
+    _choice(t.on_reward_error, ("raise", "zero", "skip_group"), "train.on_reward_error")
     positive = {
         "rollout.prompts_per_step": r.prompts_per_step, "rollout.group_size": r.group_size,
         "rollout.max_new_tokens": r.max_new_tokens, "train.epochs": t.epochs,

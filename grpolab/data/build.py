@@ -1,0 +1,36 @@
+"""Prompt sources from the config: the built-in task, JSONL / local HF datasets, reasoning-gym."""
+
+from __future__ import annotations
+
+from grpolab.data.arith import ArithTask
+from grpolab.data.stream import ArithStream, ListStream
+
+
+def arith_task(cfg) -> ArithTask:
+    d = cfg.data
+    return ArithTask(seed=d.seed, ops=d.arith_ops, unanswerable_share=d.arith_unanswerable_share,
+                     eval_fraction=d.arith_eval_fraction)
+
+
+def prompt_stream(cfg, tokenizer):
+    """The GRPO prompt stream of cfg.data.source (seeded by train.seed)."""
+    src = cfg.data.source
+    if src == "builtin:arith":
+        return ArithStream(arith_task(cfg), seed=cfg.train.seed)
+    kind, _, arg = src.partition(":")
+    if kind == "jsonl":
+        from grpolab.data.sources import load_jsonl
+
+        items = load_jsonl(arg, tokenizer=tokenizer, system_prompt=cfg.data.system_prompt)
+    elif kind == "hf":
+        from grpolab.data.sources import load_hf_dataset
+
+        items = load_hf_dataset(arg, "train", tokenizer=tokenizer, system_prompt=cfg.data.system_prompt)
+    elif kind == "rg":
+        from grpolab.data.sources import reasoning_gym_items
+
+        items = reasoning_gym_items(arg, size=10_000, seed=cfg.data.seed, tokenizer=tokenizer,
+                                    system_prompt=cfg.data.system_prompt)
+    else:
+        raise ValueError(f"data.source={src!r}: expected builtin:arith, jsonl:PATH, hf:PATH or rg:TASK")
+    return ListStream(items, seed=cfg.train.seed)

@@ -1,0 +1,73 @@
+"""Seeded, resumable prompt streams for GRPO: each call gives the next batch of PromptItems.
+
+A stream's `state_dict()` is its data cursor: saved in checkpoints so that a resumed run sees
+exactly the prompts an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Protocol, Sequence
+
+from grpolab.data.arith import ArithTask, PromptItem
+
+
+class PromptStream(Protocol):
+    def next_batch(self, n: int) -> list[PromptItem]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class ArithStream:
+    """Training-side prompts of the built-in task, drawn with a seeded RNG (with replacement)."""
+
+    def __init__(self, task: ArithTask, seed: int):
+        self.task = task
+        self.rng = random.Random(seed)
+
+    def next_batch(self, n: int) -> list[PromptItem]:
+        return self.task.train_prompts(self.rng, n)
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        st = state["rng"]
+        self.rng.setstate((st[0], tuple(st[1]), st[2]))
+
+
+class ListStream:
+    """A finite list of prompts, reshuffled each pass with a seeded permutation."""
+
+    def __init__(self, items: Sequence[PromptItem], seed: int):
+        if not items:
+            raise ValueError("the prompt source is empty")
+        self.items = list(items)
+        self.seed = seed
+        self.epoch = 0
+        self.pos = 0
+        self._order = self._perm()
+
+    def _perm(self) -> list[int]:
+        order = list(range(len(self.items)))
+        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        return order
+
+    def next_batch(self, n: int) -> list[PromptItem]:
+        out = []
+        while len(out) < n:
+            if self.pos == len(self.items):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._perm()
+            out.append(self.items[self._order[self.pos]])
+            self.pos += 1
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+        self._order = self._perm()

@@ -1,0 +1,142 @@
+"""The default generation engine: Hugging Face model, KV cache, our own sampling loop.
+
+What it does beyond `model.generate`:
+- prefills each prompt ONCE and expands its KV cache to the G samples of its group;
+- drops finished sequences from the decode batch (the cache is compacted), so late steps only
+  pay for the rows still generating;
+- samples with an explicit torch.Generator, so a run is reproducible and resumable;
+- returns the `Rollout` layout the trainer uses (prompt | completion, masks, truncated flags).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from grpolab.models.forward import autocast
+from grpolab.rollout.sampling import greedy_tokens, sample_tokens
+from grpolab.rollout.types import Rollout, position_ids
+
+
+@dataclass
+class HFEngine:
+    tokenizer: object
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    compute_dtype: torch.dtype | None = None
+
+    def encode_prompts(self, prompts: Sequence[str], device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids [P, Lp] and attention mask [P, Lp] bool."""
+        enc = self.tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+        return enc["input_ids"].to(device), enc["attention_mask"].to(device).bool()
+
+    @torch.no_grad()
+    def generate(
+        self,
+        model: torch.nn.Module,
+        prompts: Sequence[str],
+        group_size: int,
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+    ) -> Rollout:
+        """G completions for each prompt. Returns a Rollout with N = len(prompts) × G rows."""
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        try:
+            ids, am = self.encode_prompts(prompts, device)
+            comp, samp_lp, finished = self._decode(model, ids, am, group_size, generator, greedy)
+        finally:
+            model.train(was_training)
+        return _assemble(ids, am, comp, samp_lp, finished, group_size, self._eos_id())
+
+    def _eos_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    def _pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id)
+
+    def _forward(self, model, cache=None, **kw):
+        if cache is not None:  # transformers 5.x renamed past_key_values to cache
+            kw[_cache_kwarg(model)] = cache
+        with autocast(self.compute_dtype, str(kw["input_ids"].device)):
+            out = model(use_cache=True, logits_to_keep=1, **kw)
+        return getattr(out, "cache", None) or out.past_key_values, out.logits[:, -1].float()
+
+    def _decode(self, model, ids, am, group_size, generator, greedy):
+        """The sampling loop. Returns completion ids [N, Lc], sampler log-probs [N, Lc], finished [N]."""
+        eos, pad = self._eos_id(), self._pad_id()
+        cache, logits = self._forward(model, input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am))
+        if group_size > 1:  # prefill once, then share the prompt's cache among its G samples
+            cache.batch_repeat_interleave(group_size)
+            logits = logits.repeat_interleave(group_size, 0)
+            am = am.repeat_interleave(group_size, 0)
+        n = am.shape[0]
+        tokens = torch.full((n, self.max_new_tokens), pad, dtype=torch.long, device=ids.device)
+        samp_lp = torch.zeros(n, self.max_new_tokens, dtype=torch.float32, device=ids.device)
+        finished = torch.zeros(n, dtype=torch.bool, device=ids.device)
+        active = torch.arange(n, device=ids.device)  # rows still decoding, in cache order
+        attn = am.long()
+        next_pos = position_ids(am)[:, -1] + 1
+        steps = 0
+        for t in range(self.max_new_tokens):
+            if greedy:
+                tok, lp = greedy_tokens(logits)
+            else:
+                tok, lp = sample_tokens(logits, self.temperature, self.top_k, self.top_p, generator)
+            tokens[active, t], samp_lp[active, t] = tok, lp
+            steps = t + 1
+            done = tok == eos
+            finished[active[done]] = True
+            if t == self.max_new_tokens - 1 or bool(done.all()):
+                break
+            if bool(done.any()):  # compact: finished rows leave the decode batch and the cache
+                keep = (~done).nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                active, tok, attn, next_pos = active[keep], tok[keep], attn[keep], next_pos[keep]
+            attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
+            cache, logits = self._forward(model, cache, input_ids=tok[:, None], attention_mask=attn,
+                                          position_ids=next_pos[:, None])
+            next_pos = next_pos + 1
+        return tokens[:, :steps], samp_lp[:, :steps], finished
+
+
+def _cache_kwarg(model) -> str:
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _assemble(ids, am, comp, samp_lp, finished, group_size, eos_id) -> Rollout:
+    """Builds the Rollout: loss_mask covers each completion through its first EOS (inclusive)."""
+    ids = ids.repeat_interleave(group_size, 0)
+    am = am.repeat_interleave(group_size, 0)
+    is_eos = comp == eos_id
+    # tokens after the first EOS do not count; cumsum of EOS flags before position t
+    eos_before = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+    loss_mask = ~eos_before
+    return Rollout(
+        input_ids=torch.cat([ids, comp], dim=1),
+        attention_mask=torch.cat([am, loss_mask], dim=1),
+        prompt_len=ids.shape[1],
+        loss_mask=loss_mask,
+        truncated=~finished,
+        group_size=group_size,
+        sampler_logp=samp_lp.masked_fill(~loss_mask, 0.0),
+    )
+
+
+def decode_completions(tokenizer, rollout: Rollout) -> list[str]:
+    """Completion texts, cut at the first EOS (EOS not included)."""
+    eos = tokenizer.eos_token_id
+    texts = []
+    for row, mask in zip(rollout.completion_ids.tolist(), rollout.loss_mask.tolist()):
+        kept = [t for t, m in zip(row, mask) if m and t != eos]
+        texts.append(tokenizer.decode(kept, skip_special_tokens=True))
+    return texts

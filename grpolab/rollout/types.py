@@ -1,0 +1,94 @@
+"""The Rollout: what Phase A hands to Phase B, a typed bundle of tensors (read-only by convention).
+
+Layout of one row (sequence): [left padding | prompt | completion | right padding], the prompt
+part is `prompt_len` columns wide for every row. N = P × G rows, grouped by prompt: rows
+g·G .. g·G+G-1 are the G completions of prompt g.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Rollout:
+    input_ids: torch.Tensor
+    """[N, T] int64: left-padded prompt then completion (pad after EOS)."""
+    attention_mask: torch.Tensor
+    """[N, T] bool: True on real prompt and completion tokens (through the first EOS)."""
+    prompt_len: int
+    """Lp: the first Lp columns are the (left-padded) prompt; completions are columns Lp..T-1."""
+    loss_mask: torch.Tensor
+    """[N, Lc] bool: True = this completion token counts (through and including the first EOS)."""
+    truncated: torch.Tensor
+    """[N] bool: the completion hit max_new_tokens without EOS."""
+    group_size: int
+    """G."""
+    old_logp: torch.Tensor | None = None
+    """[N, Lc] float32: log π_old of each completion token (None until computed)."""
+    ref_logp: torch.Tensor | None = None
+    """[N, Lc] float32: log π_ref (only with a KL penalty)."""
+    sampler_logp: torch.Tensor | None = None
+    """[N, Lc] float32: log-probs reported by the sampler (to measure train/inference mismatch)."""
+    rewards: torch.Tensor | None = None
+    """[N] float32: combined reward (NaN = every reward function abstained)."""
+    advantages: torch.Tensor | None = None
+    """[N] float32."""
+
+    @property
+    def num_sequences(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def completion_ids(self) -> torch.Tensor:
+        """[N, Lc]."""
+        return self.input_ids[:, self.prompt_len :]
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        """[N] int64: counted tokens per completion."""
+        return self.loss_mask.sum(-1)
+
+    def replace(self, **fields) -> "Rollout":
+        return dataclasses.replace(self, **fields)
+
+    def select(self, idx: torch.Tensor) -> "Rollout":
+        """Rows `idx` (a new Rollout of copies; this one is not touched), trimmed of all-pad columns.
+
+        Left columns that are padding in every selected row and right columns past the last
+        counted token are dropped, so short microbatches cost less compute.
+        """
+        am = self.attention_mask[idx]
+        lm = self.loss_mask[idx]
+        left = int((~am[:, : self.prompt_len]).all(0).long().cumprod(0).sum())
+        right = int(lm.any(0).nonzero().max()) + 1 if lm.any() else 1
+        t_end = self.prompt_len + right
+
+        def rows(x, cols=None):
+            if x is None:
+                return None
+            x = x[idx]
+            return x if cols is None else x[:, cols]
+
+        comp = slice(0, right)
+        return Rollout(
+            input_ids=rows(self.input_ids, slice(left, t_end)),
+            attention_mask=rows(self.attention_mask, slice(left, t_end)),
+            prompt_len=self.prompt_len - left,
+            loss_mask=rows(self.loss_mask, comp),
+            truncated=rows(self.truncated),
+            group_size=self.group_size,
+            old_logp=rows(self.old_logp, comp),
+            ref_logp=rows(self.ref_logp, comp),
+            sampler_logp=rows(self.sampler_logp, comp),
+            rewards=rows(self.rewards),
+            advantages=rows(self.advantages),
+        )
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding: 0 at each row's first real token. [N, T] -> [N, T]."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

@@ -1,0 +1,76 @@
+"""The GRPO loop: Phase A (rollout, rewards, advantages; no grad), then Phase B (learning).
+
+    for step:
+        Phase A  π_old = the current policy, frozen. Sample G completions per prompt, score them,
+                 turn rewards into advantages, record log π_old (and log π_ref with a KL).
+        Phase B  epochs × shuffled minibatches (one optimizer step each) × microbatches
+                 (forward/backward, gradients accumulate). The rollout is read-only.
+        After Phase B the updated policy is the next step's π_old.
+
+Every preset of the spectrum (on-policy SFT, REINFORCE, GRPO, Dr. GRPO, DAPO, GSPO, RLOO) runs
+through this same function; the variant was chosen once when `Setup` was built.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpolab.models.forward import batched_logprobs
+from grpolab.rollout.hf import decode_completions
+from grpolab.rollout.types import Rollout
+from grpolab.train.setup import Setup
+from grpolab.train.stats import StepStats, score_rollout
+
+
+def train(s: Setup) -> list[dict]:
+    """Runs s.cfg.train.steps GRPO steps from s.start_step; returns the metric rows."""
+    cfg, G, P = s.cfg, s.cfg.rollout.group_size, s.cfg.rollout.prompts_per_step
+    rows = []
+    for step in range(s.start_step, cfg.train.steps):
+        st = StepStats(step)
+        # ---------------- Phase A: rollout. π_old is the current policy; nothing here has a grad.
+        with torch.no_grad(), st.timer("rollout"):
+            s.progress.phase("rollout")
+            items = s.prompts.next_batch(P)
+            ro = s.engine.generate(s.policy, [it.prompt for it in items], G, generator=s.sample_gen)
+            texts = decode_completions(s.tokenizer, ro)
+        with torch.no_grad(), st.timer("score"):
+            s.progress.phase("score")
+            scores, rewards = score_rollout(s.rewards, items, texts, ro, s.on_reward_error, st)
+            adv = s.advantage_fn(rewards.view(P, G)).flatten()
+            ro = ro.replace(rewards=rewards, advantages=adv, loss_mask=s.train_mask(ro, rewards))
+        with torch.no_grad(), st.timer("logprob"):
+            if cfg.needs_old_logp_pass:  # else the ratio is exactly 1: old = new.detach()
+                ro = ro.replace(old_logp=batched_logprobs(s.policy, ro, cfg.rollout.temperature, cfg.train.microbatch_size, s.compute_dtype))
+            if s.reference is not None:
+                with s.reference() as ref:
+                    ro = ro.replace(ref_logp=batched_logprobs(ref, ro, cfg.rollout.temperature, cfg.train.microbatch_size, s.compute_dtype))
+        # ---------------- Phase B: learning on the frozen rollout.
+        with st.timer("learn"):
+            learn(s, ro, st)
+        row = st.finish(ro, items, texts, scores, s)
+        s.after_step(step, row, ro, items, texts, scores)
+        rows.append(row)
+        if s.should_stop():
+            break
+    return rows
+
+
+def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
+    """epochs × minibatches × microbatches; one optimizer step per minibatch."""
+    cfg = s.cfg
+    n = ro.num_sequences
+    for epoch in range(cfg.train.epochs):
+        order = torch.randperm(n, generator=s.shuffle_gen)
+        for mb, mb_idx in enumerate(order.split(cfg.train.minibatch_size)):
+            s.progress.phase("learn", f"epoch {epoch + 1}/{cfg.train.epochs} minibatch {mb + 1}/{cfg.minibatches_per_epoch}")
+            minibatch = ro.select(mb_idx)
+            normalizer = s.objective.normalizer(minibatch.loss_mask)  # fixed before splitting
+            s.optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            for micro_idx in torch.arange(len(mb_idx)).split(cfg.train.microbatch_size):
+                loss, stats = s.objective(s.policy, minibatch.select(micro_idx), normalizer)
+                loss.backward()
+                st.add_micro(stats)
+                loss_sum += float(loss.detach())
+            s.optimizer_step(st, loss_sum)

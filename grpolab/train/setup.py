@@ -1,0 +1,215 @@
+"""Builds everything a GRPO run needs from a Config, once, before the loop starts.
+
+All choices (model, reference, loss variant, advantage estimator, rewards, prompt source) are
+made here; the loop in grpo.py only calls what this hands it. Up-front checks (reward names and
+arguments, model path, prompt data) fail here, before any long work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from grpolab.algo.advantages import make_advantage_fn, zero_std_groups
+from grpolab.config import Config
+from grpolab.report.progress import Progress
+from grpolab.rewards.base import build_reward
+from grpolab.rollout.hf import HFEngine
+from grpolab.train.objective import Objective, build_objective
+
+
+class TrainingStopped(RuntimeError):
+    """Training stopped on purpose (e.g. too many non-finite steps); the message says why."""
+
+
+def resolve_compute_dtype(name: str, device: str) -> torch.dtype | None:
+    """None (plain fp32) or torch.bfloat16 for autocast."""
+    if name == "float32":
+        return None
+    if name == "bfloat16":
+        return torch.bfloat16
+    if torch.device(device).type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    from grpolab.models.loading import cpu_supports_bf16
+
+    return torch.bfloat16 if cpu_supports_bf16() else None
+
+
+def load_policy(cfg: Config):
+    """(model, tokenizer) for cfg.model: the built-in tiny model, or any local HF/GGUF model."""
+    m = cfg.model
+    if m.name_or_path == "builtin:tiny":
+        from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+
+        tok = build_char_tokenizer()
+        model = build_tiny_model(tok, hidden_size=m.hidden_size, num_layers=m.num_layers,
+                                 num_heads=m.num_heads, seed=cfg.train.seed)
+    else:
+        from grpolab.models.loading import load_model
+
+        model, tok = load_model(m.name_or_path, dtype="float32", device=m.device)
+    if m.lora_rank > 0:
+        from grpolab.models.lora import apply_lora
+
+        model = apply_lora(model, r=m.lora_rank, alpha=m.lora_alpha)
+    return model.to(m.device), tok
+
+
+def reference_factory(cfg: Config, policy) -> Callable | None:
+    """A context-manager factory yielding the frozen reference model, or None without a KL.
+
+    Full fine-tune: a frozen copy of the initial policy. LoRA: the policy with adapters disabled
+    (no second copy is loaded).
+    """
+    if not cfg.needs_reference:
+        return None
+    if cfg.model.lora_rank > 0:
+        from grpolab.models.lora import reference_context
+
+        return lambda: reference_context(policy)
+    ref = copy.deepcopy(policy).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+
+    @contextlib.contextmanager
+    def ctx():
+        yield ref
+
+    ctx.model = ref  # type: ignore[attr-defined]
+    return ctx
+
+
+def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
+    def f(i: int) -> float:
+        if warmup and i < warmup:
+            return (i + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        frac = min(1.0, (i - warmup) / max(1, total - warmup))
+        return 0.5 * (1 + math.cos(math.pi * frac)) if schedule == "cosine" else 1.0 - frac
+
+    return f
+
+
+@dataclass
+class Setup:
+    """The components of one GRPO run (built by `build_setup`)."""
+
+    cfg: Config
+    policy: torch.nn.Module
+    tokenizer: Any
+    engine: HFEngine
+    objective: Objective
+    advantage_fn: Callable
+    rewards: list
+    prompts: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    sample_gen: torch.Generator
+    shuffle_gen: torch.Generator
+    reference: Callable | None = None
+    compute_dtype: torch.dtype | None = None
+    progress: Any = None
+    hooks: list = field(default_factory=list)
+    start_step: int = 0
+    on_reward_error: str = "raise"
+    consecutive_skips: int = 0
+    peak_flops: float = 0.0
+    n_params: int = 0
+
+    def train_mask(self, ro, rewards: torch.Tensor) -> torch.Tensor:
+        """The loss mask of Phase B: completion tokens, minus truncated completions and zero-std
+        groups when the config says so."""
+        mask = ro.loss_mask
+        if self.cfg.loss.mask_truncated:
+            mask = mask & ~ro.truncated.unsqueeze(-1)
+        if self.cfg.loss.filter_zero_std_groups:
+            flat = zero_std_groups(rewards.view(-1, ro.group_size)).repeat_interleave(ro.group_size)
+            mask = mask & ~flat.unsqueeze(-1)
+        return mask
+
+    def optimizer_step(self, st, loss_sum: float) -> None:
+        """Clip, then step — or skip the step when the loss or gradient is not finite."""
+        max_norm = self.cfg.train.max_grad_norm or float("inf")
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if not (math.isfinite(norm) and math.isfinite(loss_sum)):
+            self.optimizer.zero_grad(set_to_none=True)
+            st.skipped += 1
+            self.consecutive_skips += 1
+            if self.consecutive_skips >= self.cfg.train.max_skipped_steps:
+                raise TrainingStopped(
+                    f"{self.consecutive_skips} consecutive optimizer steps had a non-finite loss or gradient "
+                    f"(loss {loss_sum}, grad norm {norm}); stopping. Lower train.lr or check the rewards "
+                    "(train.max_skipped_steps sets the limit)."
+                )
+        else:
+            self.optimizer.step()
+            self.consecutive_skips = 0
+            st.grad_norms.append(norm)
+            st.losses.append(loss_sum)
+        self.scheduler.step()
+
+    def after_step(self, step, row, ro, items, texts, scores) -> None:
+        if self.progress is not None:
+            self.progress.step_done(step + 1, {k: row[k] for k in ("reward/mean", "kl") if k in row})
+        for hook in self.hooks:
+            hook(step, row, ro, items, texts, scores)
+
+    def should_stop(self) -> bool:
+        return False
+
+    def mfu(self, row: dict) -> float:
+        """Model FLOP utilisation of the step: 2·N FLOPs per generated or scored token forward,
+        6·N per trained token (forward + backward), against `peak_flops` (0 → reported as 0)."""
+        if not self.peak_flops:
+            return 0.0
+        fwd_tokens = row["len/mean"] * self.cfg.sequences_per_step
+        passes = (1 if self.cfg.needs_old_logp_pass else 0) + (1 if self.reference is not None else 0)
+        train_tokens = fwd_tokens * self.cfg.train.epochs
+        flops = 2 * self.n_params * fwd_tokens * (1 + passes) + 6 * self.n_params * train_tokens
+        return flops / max(row["time/step_s"], 1e-9) / self.peak_flops
+
+
+def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress=None) -> Setup:
+    """Builds a Setup; pass a policy/tokenizer (e.g. the SFT'd π0) or let cfg.model load one."""
+    cfg.validate()
+    if cfg.train.world_size > 1 and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        raise ValueError(f"train.world_size={cfg.train.world_size} needs torch.distributed (launch with torchrun); "
+                         "on one process set train.world_size=1")
+    rewards = [(build_reward(spec.name, **spec.kwargs), spec.weight) for spec in cfg.rewards]
+    if policy is None:
+        policy, tokenizer = load_policy(cfg)
+    policy.train()
+    dtype = resolve_compute_dtype(cfg.model.dtype, cfg.model.device)
+    if prompts is None:
+        from grpolab.data.build import prompt_stream
+
+        prompts = prompt_stream(cfg, tokenizer)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
+                            betas=(0.9, cfg.train.adam_beta2))
+    total = cfg.train.steps * cfg.optimizer_steps_per_step
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.train.lr_schedule, cfg.train.warmup_steps, total))
+    device = next(policy.parameters()).device
+    r = cfg.rollout
+    return Setup(
+        cfg=cfg, policy=policy, tokenizer=tokenizer,
+        engine=HFEngine(tokenizer, r.max_new_tokens, r.temperature, r.top_p, r.top_k, dtype),
+        objective=build_objective(cfg.loss, r, dtype),
+        advantage_fn=make_advantage_fn(cfg.loss.advantage, cfg.loss.std, cfg.loss.std_eps),
+        rewards=rewards, prompts=prompts, optimizer=opt, scheduler=sched,
+        sample_gen=torch.Generator(device=device).manual_seed(cfg.train.seed),
+        shuffle_gen=torch.Generator().manual_seed(cfg.train.seed + 1),
+        reference=reference_factory(cfg, policy), compute_dtype=dtype,
+        progress=progress if progress is not None else Progress(cfg.train.steps, enabled=False),
+        on_reward_error=cfg.train.on_reward_error,
+        peak_flops=cfg.run.peak_tflops * 1e12,
+        n_params=sum(p.numel() for p in policy.parameters()),
+    )

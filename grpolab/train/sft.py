@@ -1,0 +1,71 @@
+"""SFT: token cross-entropy on (prompt, completion) pairs, as seed 004 writes it.
+
+Loss = mean over responses of (mean over each response's tokens of -log π). One optimizer step per
+batch of `batch_size` sequences, accumulated over microbatches; the normalizer (the batch's
+sequence count) is fixed before splitting, so the gradient does not depend on the microbatch size.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable, Sequence
+
+import torch
+
+from grpolab.algo.losses import agg_normalizer, sft_nll
+from grpolab.data.collate import pack_pairs
+from grpolab.models.forward import completion_logprobs
+from grpolab.train.setup import lr_lambda
+
+
+def train_sft(
+    model,
+    tokenizer,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    steps: int,
+    batch_size: int,
+    microbatch_size: int,
+    lr: float,
+    seed: int = 0,
+    compute_dtype=None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> list[float]:
+    """Trains `model` in place; returns the loss of every optimizer step.
+
+    Batches are drawn by walking a seeded shuffle of `pairs` (reshuffled each pass).
+    """
+    if batch_size % microbatch_size:
+        raise ValueError(f"sft: batch_size={batch_size} is not a multiple of microbatch_size={microbatch_size}")
+    device = next(model.parameters()).device
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda("cosine", max(1, steps // 20), steps))
+    rng = random.Random(seed)
+    order: list[int] = []
+    losses = []
+    model.train()
+    for step in range(steps):
+        batch = []
+        while len(batch) < batch_size:
+            if not order:
+                order = list(range(len(pairs)))
+                rng.shuffle(order)
+            batch.append(pairs[order.pop()])
+        packed = pack_pairs(tokenizer, [p for p, _ in batch], [c for _, c in batch])
+        normalizer = agg_normalizer(packed.loss_mask, "seq-mean-token-mean")
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for idx in torch.arange(batch_size).split(microbatch_size):
+            micro = packed.select(idx)
+            logp, _ = completion_logprobs(model, micro.input_ids.to(device), micro.attention_mask.to(device),
+                                          micro.prompt_len, compute_dtype=compute_dtype)
+            loss = sft_nll(logp, micro.loss_mask.to(device), normalizer.to(device))
+            loss.backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(total)
+        if on_step is not None:
+            on_step(step, total)
+    return losses

@@ -1,0 +1,126 @@
+"""Scoring a rollout with the reward functions, and the per-step statistics (one metrics row)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Sequence
+
+import torch
+
+from grpolab.algo.advantages import zero_std_groups
+from grpolab.rewards.base import RewardError, combine, score_batch
+
+VERIFIERS = ("exact_match", "reasoning_gym", "math_verify", "code_tests")
+
+
+def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "StepStats"):
+    """Scores every completion with every reward function and combines them.
+
+    rewards: list of (RewardFn, weight). Returns (scores: name -> [N] (NaN = abstained),
+    combined [N]). on_error: raise | zero (the failing function scores 0 for the batch) |
+    skip_group (its rows become NaN: abstain). The count of errors is kept in st.
+    """
+    G = ro.group_size
+    prompts = [it.prompt for it in items for _ in range(G)]
+    trunc = ro.truncated.tolist()
+    metas = [{**items[i // G].meta, "truncated": trunc[i]} for i in range(len(texts))]
+    scores, weights = {}, {}
+    for fn, w in rewards:
+        try:
+            scores[fn.name] = score_batch(fn, prompts, texts, metas)
+        except Exception as e:  # noqa: BLE001 - a user's reward function may raise anything
+            if on_error == "raise":
+                if isinstance(e, RewardError):
+                    raise
+                raise RewardError(f"reward {fn.name!r} raised {type(e).__name__}: {e} "
+                                  "(set train.on_reward_error=zero or skip_group to continue past it)") from e
+            st.reward_errors += 1
+            fill = 0.0 if on_error == "zero" else math.nan
+            scores[fn.name] = torch.full((len(texts),), fill)
+        weights[fn.name] = w
+    return scores, combine(scores, weights)
+
+
+def _std(x: torch.Tensor) -> float:
+    x = x[~torch.isnan(x)]
+    return float(x.std(unbiased=False)) if x.numel() > 1 else 0.0
+
+
+def _mean(x: torch.Tensor) -> float:
+    x = x[~torch.isnan(x)]
+    return float(x.mean()) if x.numel() else float("nan")
+
+
+class StepStats:
+    """Collects timers and microbatch statistics of one step; `finish` makes the metrics row."""
+
+    def __init__(self, step: int):
+        self.step = step
+        self.times: dict[str, float] = {}
+        self.sums: dict[str, float] = {}
+        self.ratio_min, self.ratio_max = math.inf, -math.inf
+        self.grad_norms: list[float] = []
+        self.losses: list[float] = []
+        self.skipped = 0
+        self.reward_errors = 0
+        self.learn_tokens = 0
+        self.t0 = time.perf_counter()
+
+    @contextlib.contextmanager
+    def timer(self, name: str):
+        t = time.perf_counter()
+        yield
+        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t
+
+    def add_micro(self, stats: dict[str, torch.Tensor]) -> None:
+        for k in ("kl", "ratio", "clipped_low", "clipped_high", "entropy", "tokens"):
+            self.sums[k] = self.sums.get(k, 0.0) + float(stats[k])
+        self.ratio_min = min(self.ratio_min, float(stats["ratio_min"]))
+        self.ratio_max = max(self.ratio_max, float(stats["ratio_max"]))
+
+    def finish(self, ro, items, texts, scores: dict[str, torch.Tensor], s) -> dict:
+        tok = max(self.sums.get("tokens", 0.0), 1.0)
+        r, adv = ro.rewards, ro.advantages
+        lengths = ro.completion_lengths.float()
+        gen_tokens = float(lengths.sum())
+        row = {
+            "step": self.step,
+            "reward/mean": _mean(r),
+            "reward/std": _std(r),
+        }
+        for name, sc in scores.items():
+            row[f"reward/{name}/mean"] = _mean(sc)
+            row[f"reward/{name}/std"] = _std(sc)
+        for name in VERIFIERS:
+            if name in scores and (~torch.isnan(scores[name])).any():
+                row["accuracy"] = _mean((scores[name] == 1.0).float().masked_fill(torch.isnan(scores[name]), math.nan))
+                break
+        t_total = time.perf_counter() - self.t0
+        row.update({
+            "adv/mean": float(adv.mean()), "adv/std": float(adv.std(unbiased=False)),
+            "adv/min": float(adv.min()), "adv/max": float(adv.max()),
+            "groups/zero_std_frac": float(zero_std_groups(r.view(-1, ro.group_size)).float().mean()),
+            "kl": self.sums.get("kl", 0.0) / tok,
+            "clip/low_frac": self.sums.get("clipped_low", 0.0) / tok,
+            "clip/high_frac": self.sums.get("clipped_high", 0.0) / tok,
+            "ratio/mean": self.sums.get("ratio", 0.0) / tok,
+            "ratio/min": self.ratio_min if math.isfinite(self.ratio_min) else 1.0,
+            "ratio/max": self.ratio_max if math.isfinite(self.ratio_max) else 1.0,
+            "entropy": self.sums.get("entropy", 0.0) / tok,
+            "loss": sum(self.losses) / max(len(self.losses), 1),
+            "grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1),
+            "lr": s.scheduler.get_last_lr()[0],
+            "len/mean": float(lengths.mean()), "len/max": float(lengths.max()),
+            "len/truncated_frac": float(ro.truncated.float().mean()),
+            "time/rollout_s": self.times.get("rollout", 0.0), "time/score_s": self.times.get("score", 0.0),
+            "time/logprob_s": self.times.get("logprob", 0.0), "time/learn_s": self.times.get("learn", 0.0),
+            "time/step_s": t_total,
+            "tokens_per_s/rollout": gen_tokens / max(self.times.get("rollout", 0.0), 1e-9),
+            "tokens_per_s/learn": self.sums.get("tokens", 0.0) / max(self.times.get("learn", 0.0), 1e-9),
+            "skipped_steps": self.skipped,
+            "reward_errors": self.reward_errors,
+        })
+        row["mfu"] = s.mfu(row)
+        return row

@@ -1,0 +1,182 @@
+"""Command line: grpolab demo | train | sft | eval | rm | report | compare."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _demo(args) -> int:
+    from grpolab.demo import demo_config, run_demo
+
+    cfg = demo_config(quick=args.quick, seed=args.seed, overrides=args.overrides)
+    if args.out:
+        cfg = cfg.replace(**{"run.out_dir": args.out})
+    run_demo(cfg, report=not args.no_report)
+    return 0
+
+
+def _load_cfg(args):
+    from grpolab import config as C
+
+    if args.config in C.PRESETS:
+        return C.from_preset(args.config, args.overrides)
+    return C.load(args.config, args.overrides)
+
+
+def _train(args) -> int:
+    from grpolab.report.progress import Progress
+    from grpolab.train import grpo
+    from grpolab.train.run import attach_outputs, make_run_dir, write_config
+    from grpolab.train.setup import build_setup
+
+    cfg = _load_cfg(args)
+    if cfg.loss.policy_loss == "sft":
+        return _sft_from_cfg(cfg)
+    run_dir = make_run_dir(cfg)
+    write_config(cfg, run_dir)
+    progress = Progress(cfg.train.steps, enabled=cfg.run.progress)
+    setup = build_setup(cfg, progress=progress)
+    logger = attach_outputs(setup, run_dir)
+    try:
+        grpo.train(setup)
+    finally:
+        logger.close()
+        progress.close()
+    setup.policy.save_pretrained(run_dir / "final")
+    setup.tokenizer.save_pretrained(run_dir / "final")
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+def _sft_from_cfg(cfg) -> int:
+    import random
+
+    from grpolab.data.build import arith_task
+    from grpolab.train.run import make_run_dir, write_config
+    from grpolab.train.setup import load_policy
+    from grpolab.train.sft import train_sft
+
+    run_dir = make_run_dir(cfg, "sft")
+    write_config(cfg, run_dir)
+    model, tok = load_policy(cfg)
+    if cfg.data.source != "builtin:arith":
+        from grpolab.data.sources import load_sft_pairs
+
+        pairs = load_sft_pairs(cfg.data.source.partition(":")[2], tokenizer=tok, system_prompt=cfg.data.system_prompt)
+    else:
+        pairs = arith_task(cfg).sft_examples(random.Random(cfg.train.seed), cfg.sft.examples,
+                                             refusal_examples=cfg.sft.refusal_examples, answer_noise=cfg.sft.answer_noise)
+    losses = train_sft(model, tok, pairs, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
+                       microbatch_size=cfg.sft.microbatch_size, lr=cfg.sft.lr, seed=cfg.train.seed,
+                       on_step=lambda i, loss: print(f"[sft] step {i + 1} loss {loss:.4f}") if (i + 1) % 50 == 0 else None)
+    model.save_pretrained(run_dir / "final")
+    tok.save_pretrained(run_dir / "final")
+    print(f"final loss {losses[-1]:.4f}; run directory: {run_dir}")
+    return 0
+
+
+def _sft(args) -> int:
+    from grpolab import config as C
+
+    base = args.config or "sft"
+    cfg = C.from_preset(base, args.overrides) if base in C.PRESETS else C.load(base, args.overrides)
+    return _sft_from_cfg(cfg.replace(**{"loss.policy_loss": "sft"}))
+
+
+def _eval(args) -> int:
+    import json
+
+    from grpolab import config as C
+    from grpolab.data.build import arith_task
+    from grpolab.models.loading import load_model
+    from grpolab.rollout.hf import HFEngine
+    from grpolab.train.evaluate import evaluate_arith
+
+    cfg = C.from_preset("grpo", args.overrides)
+    model, tok = load_model(args.model)
+    items = arith_task(cfg).eval_items(cfg.data.eval_prompts, seed=cfg.data.seed)
+    res = evaluate_arith(model, HFEngine(tok, cfg.rollout.max_new_tokens), items)
+    print(json.dumps({k: v for k, v in res.items() if k != "examples"}, indent=2))
+    return 0
+
+
+def _report(args) -> int:
+    from grpolab.report.html import write_report
+
+    print(write_report(args.run_dir))
+    return 0
+
+
+def _compare(args) -> int:
+    from grpolab.report.compare import write_compare
+
+    print(write_compare(args.run_dirs, args.out))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="grpolab", description="GRPO and the SFT-to-GRPO spectrum")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="build a tiny model, SFT it, GRPO it, evaluate (offline, CPU)")
+    d.add_argument("--quick", action="store_true", help="a shorter run (about 3 minutes)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--out", default="", help="run directory (default: a new folder under runs/)")
+    d.add_argument("--no-report", action="store_true", help="skip report.html")
+    d.add_argument("overrides", nargs="*", help="config overrides, e.g. train.steps=50")
+    d.set_defaults(fn=_demo)
+
+    t = sub.add_parser("train", help="GRPO (or any preset of the spectrum) from a YAML config or a preset name")
+    t.add_argument("config", help="a YAML file or a preset name (grpo, dapo, ...)")
+    t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. loss.clip_eps_high=0.28")
+    t.set_defaults(fn=_train)
+
+    s = sub.add_parser("sft", help="supervised fine-tuning (token cross-entropy)")
+    s.add_argument("config", nargs="?", default="", help="a YAML file or preset (default: sft)")
+    s.add_argument("overrides", nargs="*")
+    s.set_defaults(fn=_sft)
+
+    e = sub.add_parser("eval", help="greedy held-out evaluation of a saved model on the built-in task")
+    e.add_argument("model", help="an HF folder (e.g. runs/demo-.../final)")
+    e.add_argument("overrides", nargs="*")
+    e.set_defaults(fn=_eval)
+
+    r = sub.add_parser("report", help="write RUN_DIR/report.html")
+    r.add_argument("run_dir")
+    r.set_defaults(fn=_report)
+
+    c = sub.add_parser("compare", help="overlay the curves of several runs")
+    c.add_argument("run_dirs", nargs="+")
+    c.add_argument("--out", default="compare.html")
+    c.set_defaults(fn=_compare)
+
+    try:
+        from grpolab import cli_rm
+
+        cli_rm.add_parser(sub)
+    except ImportError:
+        pass
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from grpolab.config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ConfigError as e:
+        print(f"grpolab: config error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("grpolab: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["main", "build_parser", "Path"]

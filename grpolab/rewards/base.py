@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
@@ -71,7 +72,7 @@ def _import_builtin_rewards() -> None:
     # Importing the modules registers their rewards; optional ones register lazily.
     from grpolab.rewards import rules  # noqa: F401
 
-    for mod in ("grpolab.rewards.reward_model", "grpolab.rewards.verifiers", "grpolab.rewards.sandbox",
+    for mod in ("grpolab.rewards.reward_model", "grpolab.rewards.verifiers", "grpolab.rewards.code",
                 "grpolab.rewards.self_likelihood"):
         try:
             __import__(mod)
@@ -92,10 +93,12 @@ def score_batch(
     """Calls one reward function and checks what it returns.
 
     Returns: [N] float32 tensor, NaN where the function abstained (returned None).
-    Raises RewardError naming the function and the row for a wrong count, a non-number or inf.
+    Raises RewardError naming the function and the row for a wrong count, a non-number or inf,
+    and naming the function when a call runs longer than `fn.timeout_s` seconds (set from
+    train.reward_timeout_s by build_setup; absent or 0 = no limit).
     """
     n = len(completions)
-    out = fn(prompts, completions, metadata)
+    out = call_with_timeout(fn, (prompts, completions, metadata), getattr(fn, "timeout_s", 0) or 0)
     if out is None or not hasattr(out, "__len__") or len(out) != n:
         got = "None" if out is None else (len(out) if hasattr(out, "__len__") else type(out).__name__)
         raise RewardError(f"reward {fn.name!r} returned {got} scores for {n} completions; it must return one per row")
@@ -115,6 +118,57 @@ def score_batch(
             )
         vals.append(f)
     return torch.tensor(vals, dtype=torch.float32)
+
+
+def call_with_timeout(fn: RewardFn, args: tuple, timeout_s: float) -> Any:
+    """fn(*args), or RewardError when it has not returned after timeout_s seconds (0 = no limit).
+
+    The call runs in a daemon thread with the caller's grad mode. Python cannot kill a thread: a
+    hung call keeps running in the background (and a process exit does not wait for it); what
+    the run does next is train.on_reward_error's choice. A reward that may hang in C code or loop
+    forever on purpose belongs in a subprocess with a hard limit (see rewards/sandbox.py).
+    """
+    if not timeout_s:
+        return fn(*args)
+    box: dict[str, Any] = {}
+    grad = torch.is_grad_enabled()
+
+    def target() -> None:
+        try:
+            with torch.set_grad_enabled(grad):
+                box["out"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["err"] = e
+
+    worker = threading.Thread(target=target, name=f"reward-{fn.name}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise RewardError(
+            f"reward {fn.name!r} did not return within train.reward_timeout_s={timeout_s:g} s on a batch of "
+            f"{len(args[1])} completions (first prompt {str(args[0][0])[:60]!r}); it may hang. The call cannot "
+            "be killed and keeps running in a background thread; raise the limit if it is just slow, or set "
+            "train.on_reward_error=zero or skip_group to continue without it"
+        )
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
+
+
+def probe_reward(fn: RewardFn, prompts: Sequence[str], metadata: Sequence[dict[str, Any]]) -> None:
+    """Calls fn once on one empty completion per prompt, before any generation, so that a
+    reward that crashes, breaks the protocol or hangs is reported at start-up.
+
+    Raises RewardError naming the function (and the row where one is at fault).
+    """
+    try:
+        score_batch(fn, prompts, [""] * len(prompts), metadata)
+    except RewardError as e:
+        raise RewardError(f"{e} [found at start-up: probed with an empty completion per prompt]") from e
+    except Exception as e:  # noqa: BLE001 - a user's reward function may raise anything
+        raise RewardError(f"reward {fn.name!r} raised {type(e).__name__}: {e} when probed at start-up with an "
+                          "empty completion for each of the first prompts (set train.on_reward_error=zero or "
+                          "skip_group to continue past reward errors)") from e
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,475 @@
+"""Runs untrusted (model-written) Python code in a throwaway, resource-limited process.
+
+`run_sandboxed(code)` writes the code to a fresh `tempfile.mkdtemp()` directory, runs it with
+`python -I` (isolated mode: no PYTHONPATH, no user site-packages, no script dir on sys.path) and
+returns a `SandboxResult`; the directory is deleted afterwards. What contains the code:
+
+- **An unprivileged user.** Each run gets a random uid (= gid) that owns nothing, from
+  SANDBOX_UIDS (65,536 ids in 0x70000000.., a range systemd leaves unused), with no supplementary
+  groups and no_new_privs: it cannot write the run's files (root's, not world-writable) nor signal
+  the training process; it owns only its working directory (cwd, HOME and TMPDIR). A uid of its
+  own also gives each run its own RLIMIT_NPROC count: a fork bomb in one run cannot starve a
+  concurrent one. Where those ids cannot be used (a user namespace that does not map them), every
+  run uses 65534 ("nobody").
+- **A clean environment**, rebuilt from scratch: none of the parent's variables (API keys, HOME,
+  PYTHONPATH) reach the child.
+- **Kernel resource limits**, set before the model's code runs, which it cannot raise:
+  RLIMIT_AS (memory_mb), RLIMIT_CPU (cpu_s), RLIMIT_NPROC (max_procs: fork bombs; enforced because
+  the uid is not root), RLIMIT_FSIZE (file_size_mb: files and the captured output), RLIMIT_NOFILE,
+  RLIMIT_CORE = 0.
+- **A wall-clock timeout**, after which all the run's processes are SIGKILLed. Should the training
+  process die mid-run, an alarm inside the sandbox ends it one second after its deadline
+  (namespace mode: the whole namespace; setuid mode: the main process, and the code may cancel it).
+- **Bounded output.** stdout/stderr go to unlinked temporary files capped by RLIMIT_FSIZE; the
+  result keeps at most `max_output_bytes` of each (head and tail).
+
+Two isolation modes; both need root, to switch uid. Without root `run_sandboxed` raises
+SandboxUnavailable rather than run model code as the training user.
+
+- `"namespace"` (preferred; used when `unshare` from util-linux works): `unshare --net --pid` gives
+  the child an empty network namespace (no interface is up, not even loopback: every connect
+  fails) and its own PID namespace: the parent's PID is not visible, and after the run the
+  namespace's processes are killed, including any that left the process group with setsid. Its
+  PID 1 is a bare supervisor (PID 1 ignores unhandled signals, RLIMIT_CPU's among them); the code
+  runs in its child, so its exit status 128 + N is reported as "killed by signal N".
+- `"setuid"` (fallback, e.g. a container without CAP_SYS_ADMIN): the same user and limits, but the
+  network is blocked in-process only (the socket module raises; code that goes around it, or a
+  subprocess such as curl, can still connect). Leftover processes are found after the run by uid
+  and a per-run environment token and killed; their zombies go to PID 1 (or to this process when
+  it is PID 1 of a container, which then reaps them).
+
+Not contained in either mode: world-writable directories (/tmp, /dev/shm) are writable by the
+sandbox uid (files left there survive the run), and world-readable files are readable.
+
+The interpreter: sys.executable when the sandbox uid can run it, else the system `python3` (e.g.
+a pyenv Python under /root, which others cannot enter); set GRPOLAB_SANDBOX_PYTHON or pass
+`python=` to choose. `sandbox_info()` says what was picked. Model code that needs packages must
+find them in that interpreter's site-packages.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Callable
+
+SANDBOX_UIDS = range(0x70000000, 0x70000000 + 0x10000)  # one random uid (= gid) per run
+FALLBACK_UIDS = range(65534, 65535)  # "nobody", where SANDBOX_UIDS are not mapped
+MODES = ("namespace", "setuid")
+_PATH = "/usr/local/bin:/usr/bin:/bin"
+_TOKEN_VAR = "GRPOLAB_SANDBOX_RUN"
+_SIGNALS = {int(s) for s in signal.Signals}
+# PIDs of the sandbox children not reaped yet: _reap_orphans must leave them to their own run.
+_ACTIVE: set[int] = set()
+_ACTIVE_LOCK = threading.Lock()
+
+# Runs inside the sandbox, already as the sandbox uid: sets the limits, then runs the code.
+_RUNNER = r'''
+import json, os, resource, sys
+
+def _block_network():
+    import socket, _socket
+    def refuse(*args, **kwargs):
+        raise PermissionError(1, "network access is disabled in the sandbox")
+    for mod in (socket, _socket):
+        for name in ("socket", "SocketType", "socketpair", "fromfd", "create_connection", "create_server"):
+            if hasattr(mod, name):
+                setattr(mod, name, refuse)
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    except Exception:
+        pass
+    if cfg["block_network"]:
+        _block_network()
+    for name, (soft, hard) in cfg["limits"].items():
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+    if os.getpid() == 1:
+        # PID 1 of a namespace ignores the signals it has no handler for, RLIMIT_CPU's SIGKILL
+        # included: stay a bare supervisor (reaping orphans) and run the code in a child.
+        child = os.fork()
+        if child:
+            import signal  # a backstop should the parent die: end the namespace at the deadline
+            signal.signal(signal.SIGALRM, lambda *_: os._exit(128 + signal.SIGALRM))
+            signal.alarm(cfg["deadline_s"])
+            while True:
+                pid, status = os.wait()
+                if pid == child:
+                    code = os.waitstatus_to_exitcode(status)
+                    os._exit(code if code >= 0 else 128 - code)
+    import signal  # a backstop should the parent die (the code may cancel it)
+    signal.alarm(cfg["deadline_s"])
+    sys.argv[:] = [cfg["program"]]
+    import runpy
+    runpy.run_path(cfg["program"], run_name="__main__")
+
+main()
+'''
+
+
+class SandboxUnavailable(RuntimeError):
+    """No way to run untrusted code safely here (not root, or no interpreter the sandbox uid can run)."""
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """What one sandboxed run did.
+
+    returncode: the exit status; negative = killed by that signal (as in subprocess); -9 after a
+        timeout. In namespace mode an exit status 128 + N is read as "killed by signal N".
+    timed_out: the wall-clock timeout fired and the sandbox's processes were killed.
+    stdout, stderr: decoded output, at most `max_output_bytes` each (head and tail when cut).
+    truncated: some output was cut. wall_s: seconds from start to exit. reason: a short summary
+    ("ok", "timed out after 2 s", "killed by SIGKILL", "exit code 1: MemoryError").
+    """
+
+    returncode: int
+    timed_out: bool
+    stdout: str
+    stderr: str
+    truncated: bool
+    wall_s: float
+    reason: str
+
+    @property
+    def passed(self) -> bool:
+        """Exited with status 0 within the limits."""
+        return self.returncode == 0 and not self.timed_out
+
+
+@dataclass(frozen=True)
+class _Launcher:
+    mode: str  # one of MODES
+    python: str  # absolute path of the sandbox interpreter
+    unshare: str | None  # absolute path of unshare (namespace mode)
+    uids: range  # each run draws its uid (= gid) from here
+
+
+def run_sandboxed(
+    code: str,
+    *,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    cpu_s: float | None = None,
+    max_procs: int = 32,
+    stdin: str | bytes | None = None,
+    file_size_mb: int = 16,
+    max_output_bytes: int = 64 * 1024,
+    isolation: str = "auto",
+    python: str | None = None,
+) -> SandboxResult:
+    """Runs Python source `code` in a fresh sandbox process (see the module docstring).
+
+    timeout_s: wall clock, startup included. memory_mb: address-space limit. cpu_s: CPU seconds per
+    process (default: the timeout rounded up, plus 1). max_procs: processes and threads of the run
+    at once. stdin: fed to the program (default: empty). isolation: "auto" (namespace if it works,
+    else setuid), "namespace" or "setuid". python: the sandbox interpreter (default: see module doc).
+    Raises ValueError for a bad argument, SandboxUnavailable when code cannot be run safely here.
+    """
+    check_limits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s, max_procs=max_procs,
+                file_size_mb=file_size_mb, max_output_bytes=max_output_bytes)
+    if not isinstance(code, str):
+        raise ValueError(f"run_sandboxed: code must be a str, got {type(code).__name__}")
+    launcher = _resolve(isolation, python)
+    cpu = math.ceil(timeout_s) + 1 if cpu_s is None else max(1, math.ceil(cpu_s))
+    fsize = file_size_mb * 2**20
+    limits = {
+        "RLIMIT_AS": (memory_mb * 2**20,) * 2,
+        "RLIMIT_CPU": (cpu, cpu + 1),  # soft: SIGXCPU; hard: SIGKILL
+        "RLIMIT_NPROC": (max_procs,) * 2,
+        "RLIMIT_FSIZE": (fsize,) * 2,
+        "RLIMIT_NOFILE": (64, 64),
+        "RLIMIT_CORE": (0, 0),
+    }
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    return _run(launcher, code, limits, timeout_s, data, max_output_bytes)
+
+
+def sandbox_info(isolation: str = "auto", python: str | None = None) -> dict[str, object]:
+    """The isolation mode, interpreter and uid range `run_sandboxed` would use (SandboxUnavailable if none)."""
+    launcher = _resolve(isolation, python)
+    return {"mode": launcher.mode, "python": launcher.python, "uids": launcher.uids}
+
+
+def check_limits(**limits: float | None) -> None:
+    """Raises ValueError naming the first of `limits` (run_sandboxed's keyword arguments) that is not
+    a positive finite number; cpu_s may be None."""
+    for name, value in limits.items():
+        if value is None and name == "cpu_s":
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or not math.isfinite(value):
+            raise ValueError(f"sandbox: {name} must be a positive number, got {value!r}")
+
+
+def _run(
+    launcher: _Launcher,
+    code: str,
+    limits: dict[str, tuple[int, int]],
+    timeout_s: float,
+    stdin: bytes | None,
+    max_output_bytes: int,
+) -> SandboxResult:
+    uid = launcher.uids[secrets.randbelow(len(launcher.uids))]
+    token = secrets.token_hex(16)
+    base = tempfile.mkdtemp(prefix="grpolab-sandbox-")
+    try:
+        work, argv = _prepare(base, uid, code, limits, launcher, deadline_s=math.ceil(timeout_s) + 1)
+        env = {"PATH": _PATH, "HOME": work, "TMPDIR": work, "USER": "sandbox", "LANG": "C.UTF-8", _TOKEN_VAR: token}
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp:
+            inp.write(stdin or b"")
+            inp.seek(0)
+            t0 = time.monotonic()
+            with _ACTIVE_LOCK:
+                proc = _spawn(launcher, uid, argv, cwd=work, env=env, stdin=inp, stdout=out, stderr=err)
+                _ACTIVE.add(proc.pid)
+            returncode = None
+            try:
+                returncode = _wait_unreaped(proc.pid, timeout_s)
+            finally:  # also on KeyboardInterrupt: never leave the child running
+                _stop(launcher, proc, uid, token)
+            wall = time.monotonic() - t0
+            timed_out = returncode is None
+            if timed_out:
+                returncode = -signal.SIGKILL  # ours (unshare's own status is then meaningless)
+            elif launcher.mode == "namespace" and returncode > 128 and (returncode - 128) in _SIGNALS:
+                returncode = 128 - returncode  # the supervisor's 128 + N: killed by signal N
+            stdout, cut_out = _read_capped(out, max_output_bytes)
+            stderr, cut_err = _read_capped(err, max_output_bytes)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return SandboxResult(
+        returncode=returncode, timed_out=timed_out, stdout=stdout, stderr=stderr,
+        truncated=cut_out or cut_err, wall_s=wall, reason=_reason(returncode, timed_out, timeout_s, stderr),
+    )
+
+
+def _prepare(base: str, uid: int, code: str, limits: dict[str, tuple[int, int]], launcher: _Launcher,
+             deadline_s: int) -> tuple[str, list[str]]:
+    """Fills the run directory: runner.py and main.py (root's, read-only) and work/ (the sandbox
+    uid's, its cwd). Returns (work dir, the interpreter's argv)."""
+    os.chmod(base, 0o711)  # the sandbox uid may enter it but not list it
+    work = os.path.join(base, "work")
+    os.mkdir(work, 0o700)
+    os.chown(work, uid, uid)
+    runner, program = os.path.join(base, "runner.py"), os.path.join(base, "main.py")
+    for path, text in ((runner, _RUNNER), (program, code)):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(path, 0o644)
+    cfg = {"program": program, "limits": limits, "block_network": launcher.mode == "setuid", "deadline_s": deadline_s}
+    return work, [launcher.python, "-I", "-B", runner, json.dumps(cfg)]
+
+
+def _spawn(launcher: _Launcher, uid: int, argv: list[str], **kwargs) -> subprocess.Popen:
+    """Starts the child in a new session. The uid switch is done by unshare (namespace mode) or by
+    Popen's user/group arguments (setuid mode): no preexec_fn, so it is safe from threads."""
+    if launcher.mode == "namespace":
+        argv = [launcher.unshare, "--net", "--pid", "--fork", f"--setuid={uid}", f"--setgid={uid}", "--", *argv]
+        return subprocess.Popen(argv, start_new_session=True, **kwargs)
+    return subprocess.Popen(argv, start_new_session=True, user=uid, group=uid, extra_groups=[], **kwargs)
+
+
+def _stop(launcher: _Launcher, proc: subprocess.Popen, uid: int, token: str) -> None:
+    """Kills whatever is left of the run (all of it, whether it ended or timed out) and reaps the
+    child (its exit status was read before, by _wait_unreaped)."""
+    if launcher.mode == "namespace":
+        _kill_namespace(proc.pid)
+    try:  # the leader is not reaped yet, so its group id cannot have been reused
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    with _ACTIVE_LOCK:
+        _ACTIVE.discard(proc.pid)
+    if launcher.mode == "setuid":
+        _kill_tagged(uid, token)
+        _reap_orphans(launcher.uids)
+
+
+def _wait_unreaped(pid: int, timeout_s: float) -> int | None:
+    """Waits for the child to exit, without reaping it (so its process group id stays reserved).
+
+    Returns its exit status as subprocess reports it (negative: killed by that signal), or None if
+    the timeout fired first. If something else in this process reaped it, its status is lost: 255."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.001
+    while True:
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return 255
+        if info is not None:
+            return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, 0.02)
+
+
+def _kill_namespace(unshare_pid: int) -> None:
+    """SIGKILLs the processes of the PID namespace that `unshare` made, until none is left (the
+    kernel kills the rest once its first process dies). Needed because the child may have left the
+    process group with setsid (unshare's --kill-child would not do: it is void once unshare switches
+    uid). Does nothing once unshare has exited: it waits for its child, and a namespace is empty
+    once its first process is reaped."""
+    try:
+        ns = os.readlink(f"/proc/{unshare_pid}/ns/pid_for_children")
+    except OSError:
+        return
+    if ns == os.readlink("/proc/self/ns/pid"):  # unshare has not made its namespace yet
+        return
+    _kill_until_gone(lambda pid: os.readlink(f"/proc/{pid}/ns/pid") == ns)
+
+
+def _kill_tagged(uid: int, token: str) -> None:
+    """SIGKILLs leftover processes of this run (setuid mode), found by uid and environment token:
+    e.g. ones that left the process group with setsid."""
+    needle = f"{_TOKEN_VAR}={token}".encode()
+
+    def match(pid: str) -> bool:
+        if os.stat(f"/proc/{pid}").st_uid != uid:
+            return False
+        with open(f"/proc/{pid}/environ", "rb") as f:  # empty for a zombie
+            return needle in f.read().split(b"\0")
+
+    _kill_until_gone(match)
+
+
+def _kill_until_gone(match: Callable[[str], bool], limit_s: float = 5.0) -> None:
+    """Scans /proc and SIGKILLs every live process `match` accepts, until a scan finds none (they
+    may be forking meanwhile) or `limit_s` passes. A process that vanishes mid-check is skipped."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        found = False
+        for pid in os.listdir("/proc"):
+            try:
+                if pid.isdigit() and match(pid):
+                    os.kill(int(pid), signal.SIGKILL)
+                    found = True
+            except OSError:
+                continue
+        if not found:
+            return
+        time.sleep(0.01)
+
+
+def _reap_orphans(uids: range) -> None:
+    """Reaps dead sandbox processes re-parented to this process (setuid mode, when it is PID 1 of a
+    container or a subreaper): nothing else would, and each zombie holds a PID."""
+    me = str(os.getpid())
+    with _ACTIVE_LOCK:
+        for pid in os.listdir("/proc"):
+            try:
+                if not pid.isdigit() or int(pid) in _ACTIVE or os.stat(f"/proc/{pid}").st_uid not in uids:
+                    continue
+                with open(f"/proc/{pid}/stat") as f:
+                    state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+                if state == "Z" and ppid == me:
+                    os.waitpid(int(pid), os.WNOHANG)
+            except (OSError, ValueError):
+                continue
+
+
+def _read_capped(f: IO[bytes], cap: int) -> tuple[str, bool]:
+    """Head and tail of a captured stream, at most `cap` bytes in all. Returns (text, was_cut)."""
+    size = f.seek(0, os.SEEK_END)
+    f.seek(0)
+    if size <= cap:
+        return f.read().decode("utf-8", errors="replace"), False
+    head = f.read(cap // 2)
+    f.seek(size - (cap - cap // 2))
+    tail = f.read()
+    text = head.decode("utf-8", errors="replace") + f"\n[... {size - cap} bytes cut ...]\n"
+    return text + tail.decode("utf-8", errors="replace"), True
+
+
+def _reason(returncode: int, timed_out: bool, timeout_s: float, stderr: str) -> str:
+    if timed_out:
+        return f"timed out after {timeout_s:g} s"
+    if returncode == 0:
+        return "ok"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")
+    return f"exit code {returncode}" + (f": {last[:200]}" if last else "")
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve(isolation: str, python: str | None) -> _Launcher:
+    """Picks a mode and interpreter that actually work, by running a probe program through them.
+
+    Cached per process. Raises SandboxUnavailable (with what was tried) when nothing works."""
+    if isolation not in ("auto", *MODES):
+        raise ValueError(f"run_sandboxed: isolation must be 'auto', 'namespace' or 'setuid', got {isolation!r}")
+    if os.geteuid() != 0:
+        raise SandboxUnavailable(
+            "the code sandbox needs root, to run model code as an unprivileged uid; refusing to "
+            "run it as the training user (run training as root in a container)"
+        )
+    unshare = shutil.which("unshare", path=_PATH)
+    uids = SANDBOX_UIDS if _mapped(SANDBOX_UIDS) else FALLBACK_UIDS
+    modes = MODES if isolation == "auto" else (isolation,)
+    tried = []
+    for mode in modes:
+        if mode == "namespace" and unshare is None:
+            tried.append("namespace: no `unshare` (util-linux) on PATH")
+            continue
+        for interp in _interpreters(python):
+            launcher = _Launcher(mode, interp, unshare, uids)
+            limits = {"RLIMIT_NPROC": (64, 64), "RLIMIT_CORE": (0, 0)}
+            try:
+                res = _run(launcher, "print('sandbox-ok')", limits, 30.0, None, 4096)
+            except OSError as e:
+                tried.append(f"{mode} with {interp}: {e}")
+                continue
+            if res.passed and res.stdout.strip() == "sandbox-ok":
+                return launcher
+            tried.append(f"{mode} with {interp}: {res.reason}; {res.stderr.strip()[:200]}")
+    raise SandboxUnavailable("no working code sandbox; tried:\n  " + "\n  ".join(tried))
+
+
+def _mapped(ids: range) -> bool:
+    """True when this process's user namespace maps every id in `ids`, as uids and as gids."""
+    for path in ("/proc/self/uid_map", "/proc/self/gid_map"):
+        try:
+            with open(path) as f:
+                rows = [tuple(map(int, line.split())) for line in f if line.strip()]
+        except (OSError, ValueError):
+            return True  # no user namespaces here: every id is valid
+        if not any(inside <= ids.start and ids.stop <= inside + count for inside, _, count in rows):
+            return False
+    return True
+
+
+def _interpreters(python: str | None) -> list[str]:
+    """Candidate sandbox interpreters: the one asked for, else $GRPOLAB_SANDBOX_PYTHON, else
+    sys.executable then the system python3."""
+    chosen = python or os.environ.get("GRPOLAB_SANDBOX_PYTHON")
+    if chosen:
+        path = shutil.which(chosen) or chosen
+        return [os.path.abspath(path)]
+    found = [sys.executable, shutil.which("python3", path=_PATH)]
+    out: list[str] = []
+    for p in found:
+        if p and os.path.realpath(p) not in {os.path.realpath(q) for q in out}:
+            out.append(os.path.abspath(p))
+    return out
+

@@ -26,28 +26,62 @@ def _load_cfg(args):
 
 
 def _train(args) -> int:
+    """Bad input (data, model, rewards, checkpoints) ends the run with one paragraph naming the
+    culprit, not a traceback (GRPOLAB_DEBUG=1 shows it); config errors go to main()."""
+    import os
+
+    from grpolab.config import ConfigError
+    from grpolab.rewards.base import RewardError
+    from grpolab.train.checkpoint import CheckpointError
+
+    try:
+        return _train_run(args)
+    except ConfigError:
+        raise
+    except (CheckpointError, RewardError, ValueError, FileNotFoundError) as e:
+        if os.environ.get("GRPOLAB_DEBUG"):
+            raise
+        print(f"grpolab: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _train_run(args) -> int:
+    from grpolab.config import ConfigError
     from grpolab.report.progress import Progress
-    from grpolab.train import grpo
-    from grpolab.train.run import attach_outputs, make_run_dir, write_config
+    from grpolab.train.checkpoint import resolve_resume, step_of
+    from grpolab.train.run import make_run_dir, train_in_run_dir, write_config
     from grpolab.train.setup import build_setup
 
     cfg = _load_cfg(args)
+    if args.resume:
+        cfg = cfg.replace(**{"run.resume": cfg.run.resume or "auto"})
     if cfg.loss.policy_loss == "sft":
         return _sft_from_cfg(cfg)
+    if cfg.run.resume == "auto" and not cfg.run.out_dir:
+        raise ConfigError("--resume (run.resume=auto) needs the run folder to continue: add run.out_dir=DIR")
+    resume_from = resolve_resume(cfg.run.resume, Path(cfg.run.out_dir or "."))
+    if resume_from is not None and not cfg.run.out_dir:  # an explicit checkpoint: continue its run
+        cfg = cfg.replace(**{"run.out_dir": str(resume_from.parent.parent)})
     run_dir = make_run_dir(cfg)
+    _refuse_to_overwrite(cfg, run_dir)
     write_config(cfg, run_dir)
-    progress = Progress(cfg.train.steps, enabled=cfg.run.progress)
+    start = min(step_of(resume_from), cfg.train.steps) if resume_from is not None else 0
+    progress = Progress(cfg.train.steps, enabled=cfg.run.progress, start_step=start)
     setup = build_setup(cfg, progress=progress)
-    logger = attach_outputs(setup, run_dir)
-    try:
-        grpo.train(setup)
-    finally:
-        logger.close()
-        progress.close()
-    setup.policy.save_pretrained(run_dir / "final")
-    setup.tokenizer.save_pretrained(run_dir / "final")
+    code = train_in_run_dir(setup, run_dir, resume_from)
     print(f"run directory: {run_dir}")
-    return 0
+    return code
+
+
+def _refuse_to_overwrite(cfg, run_dir: Path) -> None:
+    """A fresh run must not mix its checkpoints with another run's."""
+    from grpolab.config import ConfigError
+    from grpolab.train.checkpoint import CHECKPOINTS, latest_checkpoint
+
+    latest = latest_checkpoint(run_dir / CHECKPOINTS)
+    if not cfg.run.resume and latest is not None:
+        raise ConfigError(f"run.out_dir={str(run_dir)!r} already holds checkpoints (latest {latest.name}); add --resume "
+                          "to continue that run, or choose another run.out_dir")
 
 
 def _sft_from_cfg(cfg) -> int:
@@ -131,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="GRPO (or any preset of the spectrum) from a YAML config or a preset name")
     t.add_argument("config", help="a YAML file or a preset name (grpo, dapo, ...)")
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. loss.clip_eps_high=0.28")
+    t.add_argument("--resume", action="store_true",
+                   help="continue run.out_dir from its latest complete checkpoint (a fresh start if it has none); "
+                        "put it after the overrides. run.resume=PATH picks a checkpoint")
     t.set_defaults(fn=_train)
 
     s = sub.add_parser("sft", help="supervised fine-tuning (token cross-entropy)")

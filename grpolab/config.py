@@ -47,8 +47,11 @@ class DataConfig:
     """Longest prompt accepted; longer prompts are reported with their file and line."""
     seed: int = 0
     """Seed of the held-out split (the prompt stream follows train.seed)."""
-    arith_ops: str = "+-*/"
-    """builtin:arith: operations used."""
+    arith_ops: str = "+-"
+    """builtin:arith: operations of the answerable prompts (subset of +-*/)."""
+    arith_answer_lsb_first: bool = True
+    """builtin:arith: answers written least-significant digit first ("37+45=" -> "28"), the order in
+    which small transformers learn carrying; False writes them as usual."""
     arith_unanswerable_share: float = 0.25
     """builtin:arith: share of unanswerable prompts (division by zero, missing operand) in GRPO batches and eval."""
     arith_eval_fraction: float = 0.2
@@ -137,6 +140,9 @@ class TrainConfig:
     """Stop after this many consecutive optimizer steps skipped for a non-finite loss or gradient."""
     on_reward_error: str = "raise"
     """What a reward function that raises does: raise | zero (scores 0) | skip_group (abstains)."""
+    reward_timeout_s: float = 600.0
+    """Wall-clock limit of one reward call on one step's batch; over it the call counts as an error
+    (see on_reward_error). 0 = no limit. A hung Python call cannot be killed: it keeps a thread busy."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +161,13 @@ class SFTConfig:
     """builtin: refusal examples among them (few: GRPO is to teach refusing)."""
     answer_noise: float = 0.0
     """builtin: share of SFT answers replaced by a plausible wrong one (a noisy teacher)."""
+    refusal_kinds: tuple[str, ...] = ()
+    """builtin: unanswerable kinds the refusal examples come from (empty = all): div_by_zero, missing_operand."""
+    stop_at_accuracy: float = 0.0
+    """builtin: stop SFT once greedy accuracy on a probe of TRAINING-side prompts reaches this (0 = off).
+    Makes π0 partially competent by design; held-out prompts are never looked at."""
+    probe_every: int = 25
+    """builtin: SFT steps between two probes."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +178,12 @@ class RewardSpec:
     """Weight in the combined reward."""
     kwargs: dict = field(default_factory=dict)
     """Keyword arguments of the reward factory (e.g. path of a reward model)."""
+    label: str = ""
+    """Name in metrics and reports (default: name); needed to tell two reward models apart."""
+
+    @property
+    def display_name(self) -> str:
+        return self.label or self.name
 
 
 @dataclass(frozen=True)
@@ -175,6 +194,10 @@ class RunConfig:
     """Save a checkpoint every N steps (0 = only at the end and on SIGTERM/SIGINT)."""
     keep_checkpoints: int = 2
     """Keep the last K checkpoints."""
+    resume: str = ""
+    """Continue from a checkpoint: '' = start fresh; 'auto' = the latest complete checkpoint in
+    out_dir/checkpoints (a fresh start if there is none; `grpolab train ... --resume` sets this);
+    or a path: a step-N checkpoint folder, or a run folder (its latest checkpoint)."""
     samples_every: int = 1
     """Write the step's groups to samples.jsonl every N steps."""
     tensorboard: bool = True
@@ -234,6 +257,12 @@ class Config:
     def validate(self) -> "Config":
         """Raises ConfigError naming the field and the fix; returns self for chaining."""
         config_io.validate_config(self)
+        if self.run.keep_checkpoints < 1:
+            raise ConfigError(f"run.keep_checkpoints={self.run.keep_checkpoints} must be at least 1")
+        if self.run.checkpoint_every < 0:
+            raise ConfigError(f"run.checkpoint_every={self.run.checkpoint_every} must be ≥ 0 (0 = only at the end)")
+        if self.train.reward_timeout_s < 0:
+            raise ConfigError(f"train.reward_timeout_s={self.train.reward_timeout_s} must be ≥ 0 (0 = no limit)")
         return self
 
     def replace(self, **dotted: Any) -> "Config":

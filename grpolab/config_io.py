@@ -292,6 +292,7 @@ def validate_config(cfg) -> None:
         raise _err(f"sft.batch_size={cfg.sft.batch_size} is not a multiple of sft.microbatch_size={cfg.sft.microbatch_size}")
     if not cfg.rewards and lo.policy_loss != "sft":
         raise _err("rewards: at least one reward function is needed (e.g. rewards: [{name: exact_match, weight: 1.0}])")
-    names = [s.name for s in cfg.rewards]
+    names = [s.display_name for s in cfg.rewards]
     if len(set(names)) != len(names):
-        raise _err(f"rewards: each reward function may appear once, got {names}")
+        raise _err(f"rewards: two reward functions share the name(s) {sorted({n for n in names if names.count(n) > 1})}; "
+                   "give each a distinct label (e.g. label: accuracy_rm)")

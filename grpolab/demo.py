@@ -28,13 +28,14 @@ from grpolab.train.sft import train_sft
 # The demo's settings on top of the grpo_no_kl preset (a KL term can be added with loss.kl_coef=...).
 DEMO_OVERRIDES = [
     "model.hidden_size=128", "model.num_layers=4", "model.num_heads=4",
-    "rollout.prompts_per_step=16", "rollout.group_size=8", "rollout.max_new_tokens=8",
-    "train.steps=150", "train.epochs=2", "train.minibatch_size=64", "train.microbatch_size=64",
-    "train.lr=1e-4", "sft.steps=300", "sft.batch_size=64", "sft.microbatch_size=64", "sft.lr=1e-3",
-    "sft.examples=4000", "sft.refusal_examples=20", "data.eval_prompts=256",
+    "rollout.prompts_per_step=32", "rollout.group_size=8", "rollout.max_new_tokens=8",
+    "train.steps=300", "train.epochs=2", "train.minibatch_size=128", "train.microbatch_size=128",
+    "train.lr=1e-4", "sft.steps=1500", "sft.batch_size=64", "sft.microbatch_size=64", "sft.lr=1e-3",
+    "sft.examples=40000", "sft.refusal_examples=200", "sft.stop_at_accuracy=0.25", "sft.probe_every=10",
+    "sft.refusal_kinds=[div_by_zero]", "data.eval_prompts=256",
     "rewards=[exact_match:1.0, refusal:1.0]",
 ]
-QUICK_OVERRIDES = ["train.steps=60", "sft.steps=250"]
+QUICK_OVERRIDES = ["train.steps=120"]
 
 
 def demo_config(quick: bool = False, seed: int = 0, overrides: list[str] | None = None) -> C.Config:
@@ -54,7 +55,7 @@ def build_pi0(cfg: C.Config, run_dir: Path):
                              num_heads=cfg.model.num_heads, seed=seed)
     task = arith_task(cfg)
     pairs = task.sft_examples(random.Random(seed), cfg.sft.examples, refusal_examples=cfg.sft.refusal_examples,
-                              answer_noise=cfg.sft.answer_noise)
+                              answer_noise=cfg.sft.answer_noise, refusal_kinds=cfg.sft.refusal_kinds or None)
     _say(f"[demo] model: {count_params(model) / 1e6:.2f}M params; SFT on {len(pairs)} examples "
          f"({cfg.sft.refusal_examples} refusals) for {cfg.sft.steps} steps")
     t = time.perf_counter()
@@ -63,8 +64,20 @@ def build_pi0(cfg: C.Config, run_dir: Path):
         if (i + 1) % 50 == 0 or i + 1 == cfg.sft.steps:
             _say(f"[sft] step {i + 1}/{cfg.sft.steps} loss {loss:.4f} ({time.perf_counter() - t:.0f} s)")
 
-    train_sft(model, tok, pairs, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
-              microbatch_size=cfg.sft.microbatch_size, lr=cfg.sft.lr, seed=seed, on_step=on_step)
+    stop_when = None
+    if cfg.sft.stop_at_accuracy > 0:  # a probe of TRAINING-side prompts; held-out ones are never seen
+        probe = [it for it in task.train_prompts(random.Random(seed + 7), 256) if it.meta["answerable"]][:128]
+        engine = HFEngine(tok, cfg.rollout.max_new_tokens)
+
+        def stop_when(i):
+            acc = evaluate_arith(model, engine, probe)["accuracy"]
+            _say(f"[sft] step {i + 1}: training-side probe accuracy {acc:.3f}")
+            return acc >= cfg.sft.stop_at_accuracy
+
+    losses = train_sft(model, tok, pairs, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
+                       microbatch_size=cfg.sft.microbatch_size, lr=cfg.sft.lr, seed=seed, on_step=on_step,
+                       stop_when=stop_when, check_every=cfg.sft.probe_every)
+    _say(f"[sft] done after {len(losses)} steps ({time.perf_counter() - t:.0f} s)")
     model.save_pretrained(run_dir / "pi0")
     tok.save_pretrained(run_dir / "pi0")
     return model, tok, task

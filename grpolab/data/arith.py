@@ -10,7 +10,7 @@ results) unless `sub_negative=True` (then every pair, answers like `"-5"`); `*`:
 `/`: divisor b in 1..div_max and quotient q in 0..div_max, dividend a = b*q (exact results only).
 
 Unanswerable prompts have the completion `REFUSAL` (`"cannot"`), then EOS. Kinds (`unanswerable_kinds`):
-- `"div_by_zero"`: `"<a>/0="` for a in 0..div_max**2 (only when "/" is in `ops`);
+- `"div_by_zero"`: `"<a>/0="` for a in 0..div_max**2 (also when "/" is not among the answerable `ops`);
 - `"missing_operand"`: `"<a><op>="` or `"<op><b>="` (one operand left out), operands in the op's range;
 - `"unknown_operand"`: `"?<op><b>="` or `"<a><op>?="` (off by default).
 
@@ -98,6 +98,10 @@ class ArithTask:
     unanswerable_share: float = 0.25
     """Share of unanswerable prompts in GRPO prompt batches and in eval_items."""
     unanswerable_kinds: tuple[str, ...] = ("div_by_zero", "missing_operand")
+    answer_lsb_first: bool = False
+    """Write answers least-significant digit first ("37+45=" -> "28", i.e. 82 reversed): the order
+    in which small transformers learn carrying quickly (Lee et al. 2023, "Teaching arithmetic to
+    small transformers"). Refusals are unaffected."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "unanswerable_kinds", tuple(self.unanswerable_kinds))
@@ -143,7 +147,7 @@ class ArithTask:
             for b in self._operand_range("/", "right"):
                 for q in range(0, self.div_max + 1):
                     a = b * q
-                    yield f"/|{a}|{b}", PromptItem(self._prompt(a, op, b), {**meta, "answer": str(q)})
+                    yield f"/|{a}|{b}", PromptItem(self._prompt(a, op, b), {**meta, "answer": self._answer(q)})
             return
         for a in self._operand_range(op, "left"):
             for b in self._operand_range(op, "right"):
@@ -151,7 +155,14 @@ class ArithTask:
                     continue
                 value = {"+": a + b, "-": a - b, "*": a * b}[op]
                 pair = (min(a, b), max(a, b)) if self.commuted_together and op in "+*" else (a, b)
-                yield f"{op}|{pair[0]}|{pair[1]}", PromptItem(self._prompt(a, op, b), {**meta, "answer": str(value)})
+                yield f"{op}|{pair[0]}|{pair[1]}", PromptItem(self._prompt(a, op, b), {**meta, "answer": self._answer(value)})
+
+    def _answer(self, value: int) -> str:
+        text = str(value)
+        if not self.answer_lsb_first:
+            return text
+        sign, digits = ("-", text[1:]) if text.startswith("-") else ("", text)
+        return sign + digits[::-1]
 
     def _unanswerable(self, kind: str, op: str) -> Iterator[tuple[str, PromptItem]]:
         meta = {"answer": None, "answerable": False, "op": op, "kind": kind}
@@ -170,8 +181,8 @@ class ArithTask:
         """(kind, op) strata of the unanswerable prompts, in a fixed order."""
         groups = []
         for kind in self.unanswerable_kinds:
-            if kind == "div_by_zero":
-                groups += [(kind, "/")] if "/" in self.ops else []
+            if kind == "div_by_zero":  # available whatever the answerable ops are
+                groups += [(kind, "/")]
             else:
                 groups += [(kind, op) for op in self.ops]
         return groups
@@ -216,6 +227,15 @@ class ArithTask:
             )
         return _copy(rng.choice(pool))
 
+    def _draw_refusal(self, rng: random.Random, kinds: Sequence[str] | None) -> PromptItem:
+        if kinds is None:
+            return self._draw_train(rng, False)
+        strata = [(k, op) for k, op in self._unanswerable_groups() if k in kinds]
+        if not strata:
+            raise ValueError(f"sft_examples: refusal_kinds={tuple(kinds)} match none of unanswerable_kinds="
+                             f"{self.unanswerable_kinds}")
+        return rng.choice(self._pools[rng.choice(strata)][TRAIN])
+
     def train_prompts(self, rng: random.Random, n: int) -> list[PromptItem]:
         """n training-side prompts for GRPO (with replacement), about `unanswerable_share` unanswerable.
 
@@ -259,6 +279,7 @@ class ArithTask:
         *,
         refusal_examples: int | float = 0.02,
         answer_noise: float = 0.0,
+        refusal_kinds: Sequence[str] | None = None,
     ) -> list[tuple[str, str]]:
         """n (prompt, completion) SFT pairs from the training side; completions without EOS.
 
@@ -266,6 +287,9 @@ class ArithTask:
             prompts with the completion REFUSAL. Keep it small so that π0 refuses only sometimes.
         answer_noise: share (rounded) of the answerable examples whose answer is replaced by a
             plausible wrong one (off by 1 or 10, or two digits swapped): a "noisy teacher".
+        refusal_kinds: the unanswerable kinds the refusal examples are drawn from (None = all of
+            `unanswerable_kinds`), e.g. ("div_by_zero",): π0 then refuses only some kinds of
+            unanswerable prompts and GRPO has the others left to learn.
         """
         if isinstance(refusal_examples, bool) or not isinstance(refusal_examples, (int, float)):
             raise ValueError(
@@ -289,7 +313,7 @@ class ArithTask:
             (it.prompt, wrong_answer(rng, it.meta["answer"]) if i in noisy else it.meta["answer"])
             for i, it in enumerate(answerable)
         ]
-        pairs += [(self._draw_train(rng, False).prompt, REFUSAL) for _ in range(n_ref)]
+        pairs += [(self._draw_refusal(rng, refusal_kinds).prompt, REFUSAL) for _ in range(n_ref)]
         rng.shuffle(pairs)
         return pairs
 

@@ -9,7 +9,7 @@ from grpolab.data.stream import ArithStream, ListStream
 def arith_task(cfg) -> ArithTask:
     d = cfg.data
     return ArithTask(seed=d.seed, ops=d.arith_ops, unanswerable_share=d.arith_unanswerable_share,
-                     eval_fraction=d.arith_eval_fraction)
+                     eval_fraction=d.arith_eval_fraction, answer_lsb_first=d.arith_answer_lsb_first)
 
 
 def prompt_stream(cfg, tokenizer):

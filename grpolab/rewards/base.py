@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
@@ -137,7 +138,7 @@ def call_with_timeout(fn: RewardFn, args: tuple, timeout_s: float) -> Any:
         try:
             with torch.set_grad_enabled(grad):
                 box["out"] = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+        except BaseException as e:  # handed to the caller's thread
             box["err"] = e
 
     worker = threading.Thread(target=target, name=f"reward-{fn.name}", daemon=True)
@@ -169,6 +170,19 @@ def probe_reward(fn: RewardFn, prompts: Sequence[str], metadata: Sequence[dict[s
         raise RewardError(f"reward {fn.name!r} raised {type(e).__name__}: {e} when probed at start-up with an "
                           "empty completion for each of the first prompts (set train.on_reward_error=zero or "
                           "skip_group to continue past reward errors)") from e
+
+
+def probe_rewards(rewards: Sequence[tuple[RewardFn, float]], prompts: Sequence[str],
+                  metadata: Sequence[dict[str, Any]], on_error: str) -> None:
+    """`probe_reward` for each (fn, weight). A failure raises when on_error is "raise"; otherwise
+    it is printed as a warning and train.on_reward_error applies to it during training."""
+    for fn, _weight in rewards:
+        try:
+            probe_reward(fn, prompts, metadata)
+        except RewardError as e:
+            if on_error == "raise":
+                raise
+            print(f"grpolab: warning: {e}", file=sys.stderr)
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,12 @@ def evaluate_arith(model, engine: HFEngine, items, greedy: bool = True, generato
     by_op: dict[str, list[int]] = {}
     for t, tr, it in ans:
         by_op.setdefault(it.meta["op"], []).append(int(not tr and is_correct(t, it.meta)))
+    by_kind: dict[str, list[int]] = {}
+    for t, tr, it in una:
+        by_kind.setdefault(it.meta["kind"], []).append(int(not tr and is_refusal(t)))
     return {
         "accuracy": acc, "refusal_recall": rec, "false_refusal": fr,
+        "refusal_recall_by_kind": {k: sum(v) / len(v) for k, v in sorted(by_kind.items())},
         "answerable": len(ans), "unanswerable": len(una),
         "accuracy_by_op": {op: sum(v) / len(v) for op, v in sorted(by_op.items())},
         "examples": [{"prompt": it.prompt, "completion": t} for t, _, it in list(zip(texts, trunc, items))[:12]],

@@ -1,11 +1,14 @@
 """The run directory: config.yaml, metrics.jsonl, samples.jsonl, TensorBoard, checkpoints, eval.json.
 
 `attach_outputs` adds the per-step writers to a Setup as hooks, so the loop itself does no I/O.
+`train_in_run_dir` runs the loop with those writers, checkpoints (grpolab.train.checkpoint) and a
+graceful stop on SIGTERM/SIGINT (grpolab.train.signals).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -80,3 +83,61 @@ def write_eval(run_dir: Path, payload: dict) -> None:
     tmp = run_dir / "eval.json.tmp"
     tmp.write_text(json.dumps(payload, indent=2))
     tmp.replace(run_dir / "eval.json")
+
+
+def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> int:
+    """Runs the GRPO loop of `setup` in run_dir; returns the process exit code.
+
+    resume_from: a complete checkpoint to restore first (metrics.jsonl and samples.jsonl are cut
+    back to its step; a fresh start empties them). Checkpoints follow run.checkpoint_every, the
+    last step, and SIGTERM/SIGINT (finish the step, save, exit 128 + signal number). The numerics
+    guard (TrainingStopped) saves the last good state and exits 3. Done: final/ holds the model.
+    """
+    from grpolab.train import checkpoint as ck
+    from grpolab.train import grpo
+    from grpolab.train.setup import TrainingStopped
+    from grpolab.train.signals import StopSignal
+
+    ck.remove_stale_tmp(run_dir / ck.CHECKPOINTS)
+    if resume_from is not None:
+        for change in ck.config_changes(resume_from, setup.cfg):
+            print(f"grpolab: warning: resuming with a changed config: {change}", file=sys.stderr)
+        ck.load_checkpoint(setup, resume_from)
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        ck.truncate_jsonl(run_dir / name, setup.start_step)
+    logger = attach_outputs(setup, run_dir)
+    hook = ck.CheckpointHook(setup, run_dir, loaded_from=resume_from)
+    setup.hooks.append(hook)  # last: the step's metrics are written before its checkpoint
+    try:
+        with StopSignal() as stop:
+            setup.stop = stop
+            grpo.train(setup)
+    except TrainingStopped as e:
+        print(f"grpolab: {e}\ngrpolab: the last good state is saved in {hook.save_last_good()}", file=sys.stderr)
+        return 3
+    except Exception:
+        _save_after_crash(hook)
+        raise
+    finally:
+        logger.close()
+        if setup.progress is not None:
+            setup.progress.close()
+    if stop.requested:
+        print(f"grpolab: stopped by {stop.signame} after {hook.done} of {setup.cfg.train.steps} steps; "
+              f"checkpoint {hook.last}. Continue with the same command plus --resume.", file=sys.stderr)
+        return 128 + stop.signum
+    setup.policy.save_pretrained(run_dir / "final")
+    setup.tokenizer.save_pretrained(run_dir / "final")
+    return 0
+
+
+def _save_after_crash(hook) -> None:
+    """Saves the step boundary when a step failed before updating the policy; never masks the error."""
+    try:
+        path = hook.save_on_error()
+    except Exception as e:  # noqa: BLE001 - the original error is what the user must see
+        print(f"grpolab: could not save a checkpoint after the error ({type(e).__name__}: {e})", file=sys.stderr)
+        return
+    if path is not None:
+        print(f"grpolab: the state before the failed step is saved in {path}; fix the cause and continue "
+              "with --resume", file=sys.stderr)

@@ -17,9 +17,9 @@ from typing import Any, Callable
 import torch
 
 from grpolab.algo.advantages import make_advantage_fn, zero_std_groups
-from grpolab.config import Config
+from grpolab.config import Config, ConfigError
 from grpolab.report.progress import Progress
-from grpolab.rewards.base import build_reward
+from grpolab.rewards.base import build_reward, probe_rewards
 from grpolab.rollout.hf import HFEngine
 from grpolab.train.objective import Objective, build_objective
 
@@ -97,6 +97,39 @@ def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
     return f
 
 
+def check_prompt_lengths(cfg: Config, policy, tokenizer, prompts) -> None:
+    """Up front: rollout.max_new_tokens fits the model's context, and every prompt of a finite
+    source fits data.max_prompt_tokens and the room the completion leaves. Errors name the field,
+    or the file and line (JSONL) / row (local dataset) of the first prompt that is too long."""
+    ctx = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
+    limit, why = cfg.data.max_prompt_tokens, f"data.max_prompt_tokens={cfg.data.max_prompt_tokens}"
+    if ctx:
+        room = ctx - cfg.rollout.max_new_tokens
+        if room < 1:
+            raise ConfigError(f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} leaves no room for a prompt in the "
+                              f"model's context of {ctx} tokens (max_position_embeddings); lower it")
+        if room < limit:
+            limit, why = room, f"the model's context of {ctx} tokens minus rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
+    items = getattr(prompts, "items", None)  # generated streams (builtin:arith) have no fixed list
+    if not items:
+        return
+    lengths = [len(ids) for ids in tokenizer([it.prompt for it in items], add_special_tokens=False)["input_ids"]]
+    bad = next((i for i, n in enumerate(lengths) if n > limit), None)
+    if bad is None:
+        return
+    kind, _, path = cfg.data.source.partition(":")
+    if kind in ("jsonl", "hf"):  # the loader's own check names the file and line / row
+        from grpolab.data import sources
+
+        load = sources.load_jsonl if kind == "jsonl" else sources.load_hf_dataset
+        try:
+            load(path, tokenizer=tokenizer, system_prompt=cfg.data.system_prompt, max_prompt_tokens=limit)
+        except ValueError as e:
+            raise ValueError(f"{e} ({why})") from None
+    raise ValueError(f"data.source={cfg.data.source!r}: prompt {bad} ({items[bad].prompt[:60]!r}) is {lengths[bad]} "
+                     f"tokens long, more than {limit} ({why})")
+
+
 @dataclass
 class Setup:
     """The components of one GRPO run (built by `build_setup`)."""
@@ -122,6 +155,7 @@ class Setup:
     consecutive_skips: int = 0
     peak_flops: float = 0.0
     n_params: int = 0
+    stop: Any = None  # e.g. a signals.StopSignal: its .requested ends the loop after the step
 
     def train_mask(self, ro, rewards: torch.Tensor) -> torch.Tensor:
         """The loss mask of Phase B: completion tokens, minus truncated completions and zero-std
@@ -163,7 +197,7 @@ class Setup:
             hook(step, row, ro, items, texts, scores)
 
     def should_stop(self) -> bool:
-        return False
+        return bool(self.stop is not None and self.stop.requested)
 
     def mfu(self, row: dict) -> float:
         """Model FLOP utilisation of the step: 2·N FLOPs per generated or scored token forward,
@@ -183,7 +217,12 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     if cfg.train.world_size > 1 and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         raise ValueError(f"train.world_size={cfg.train.world_size} needs torch.distributed (launch with torchrun); "
                          "on one process set train.world_size=1")
-    rewards = [(build_reward(spec.name, **spec.kwargs), spec.weight) for spec in cfg.rewards]
+    rewards = []
+    for spec in cfg.rewards:
+        fn = build_reward(spec.name, **spec.kwargs)
+        fn.name = spec.display_name
+        fn.timeout_s = cfg.train.reward_timeout_s
+        rewards.append((fn, spec.weight))
     if policy is None:
         policy, tokenizer = load_policy(cfg)
     policy.train()
@@ -192,6 +231,11 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
         from grpolab.data.build import prompt_stream
 
         prompts = prompt_stream(cfg, tokenizer)
+    check_prompt_lengths(cfg, policy, tokenizer, prompts)
+    state, first = prompts.state_dict(), prompts.next_batch(2)  # peek: the cursor is put back
+    prompts.load_state_dict(state)
+    probe_rewards(rewards, [it.prompt for it in first], [{**it.meta, "truncated": False} for it in first],
+                  cfg.train.on_reward_error)
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
                             betas=(0.9, cfg.train.adam_beta2))

@@ -30,9 +30,12 @@ def train_sft(
     seed: int = 0,
     compute_dtype=None,
     on_step: Callable[[int, float], None] | None = None,
+    stop_when: Callable[[int], bool] | None = None,
+    check_every: int = 25,
 ) -> list[float]:
     """Trains `model` in place; returns the loss of every optimizer step.
 
+    stop_when(step) is asked every `check_every` steps; True ends training early.
     Batches are drawn by walking a seeded shuffle of `pairs` (reshuffled each pass).
     """
     if batch_size % microbatch_size:
@@ -68,4 +71,10 @@ def train_sft(
         losses.append(total)
         if on_step is not None:
             on_step(step, total)
+        if stop_when is not None and (step + 1) % check_every == 0:
+            model.eval()
+            stop = stop_when(step)
+            model.train()
+            if stop:
+                break
     return losses

@@ -182,12 +182,27 @@ def test_wrong_answer_is_plausible_and_wrong():
         ({"eval_fraction": 1.0}, "eval_fraction"),
         ({"unanswerable_share": -0.1}, "unanswerable_share"),
         ({"unanswerable_kinds": ("nonsense",)}, "unanswerable_kinds"),
-        ({"ops": "+", "unanswerable_kinds": ("div_by_zero",)}, "unanswerable_kinds"),
+        ({"unanswerable_share": 0.2, "unanswerable_kinds": ()}, "unanswerable_kinds"),
     ],
 )
 def test_bad_task_knobs_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         ArithTask(**kwargs)
+
+
+def test_div_by_zero_without_division_facts():
+    task = ArithTask(ops="+-", unanswerable_kinds=("div_by_zero",), unanswerable_share=0.5)
+    items = task.eval_items(20)
+    assert {it.meta["kind"] for it in items} == {"add", "sub", "div_by_zero"}
+    assert all("/" in it.prompt for it in items if not it.meta["answerable"])
+
+
+def test_lsb_first_answers():
+    task = ArithTask(ops="+-", answer_lsb_first=True)
+    for it in task.items("train")[:200]:
+        a, op, b = it.prompt[:2], it.prompt[2], it.prompt[3:5]
+        value = int(a) + int(b) if op == "+" else int(a) - int(b)
+        assert it.meta["answer"] == str(value)[::-1]
 
 
 def test_prompt_item_is_frozen_and_comparable():

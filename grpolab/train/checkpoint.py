@@ -1,0 +1,442 @@
+"""Checkpoints of a GRPO run: save atomically, keep the last K, find the latest, resume exactly.
+
+A checkpoint `RUN/checkpoints/step-N/` holds the state after N completed GRPO steps:
+
+    model.safetensors      the policy's weights (safetensors; tied weights stored once)
+    reference.safetensors  the frozen reference model, when it is a separate copy (KL on, no LoRA)
+    optimizer.pt           AdamW state            } torch.save, read back with
+    scheduler.pt           LR scheduler position  } torch.load(weights_only=True):
+    rng.pt                 python, numpy, torch (CPU, CUDA), sampling and shuffling generators
+    data.json              the prompt stream's cursor (PromptStream.state_dict())
+    state.json             step, consecutive skipped optimizer steps
+    config.yaml            the fully resolved config
+    COMPLETE               written last: a JSON manifest of the files and their sizes
+
+Writing: everything goes to `checkpoints/.tmp-step-N-<pid>/`, each file and the folder are
+fsynced, COMPLETE is written last, and the folder is renamed to `step-N` (atomic on POSIX). A
+write that is interrupted (an exception, SIGKILL, a full disk) leaves at most a `.tmp-*` folder,
+which is never read and is removed by the next run. A `step-N` folder is used only when its
+COMPLETE manifest matches the files on disk. Nothing in a checkpoint is unpickled: weights come
+from safetensors, the .pt files are read with `weights_only=True`.
+
+Exactness: resuming from step-N and running to step M gives the same metrics (wall-clock timings
+aside) as an uninterrupted run to M, because every input of a step is restored: weights, AdamW
+moments, the LR schedule, all RNGs, the data cursor, the skip counter. metrics.jsonl and
+samples.jsonl are cut back to the lines of steps < N (`truncate_jsonl`), so lines written after
+the checkpoint and before a crash are not duplicated. TensorBoard events of those steps are
+written again (TensorBoard shows the later ones).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import random
+import re
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from safetensors.torch import load_model, save_model
+
+CHECKPOINTS = "checkpoints"
+MARKER = "COMPLETE"
+_STEP_DIR = re.compile(r"step-(\d+)")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names the folder or file and what to do."""
+
+
+# ----------------------------------------------------------------------------- finding
+def step_of(path: str | os.PathLike) -> int:
+    """N of a `step-N` folder."""
+    m = _STEP_DIR.fullmatch(Path(path).name)
+    if not m:
+        raise CheckpointError(f"{path}: not a checkpoint folder (expected a name like step-12)")
+    return int(m.group(1))
+
+
+def check_complete(path: Path) -> dict:
+    """The COMPLETE manifest of a checkpoint folder; CheckpointError naming what is wrong."""
+    marker = path / MARKER
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if not marker.is_file():
+        raise CheckpointError(f"checkpoint {path} is incomplete (no {MARKER} marker): it was interrupted "
+                              "while being written; resume from an earlier one")
+    try:
+        manifest = json.loads(marker.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointError(f"checkpoint {path}: {marker} is damaged (not the JSON manifest grpolab "
+                              "writes); delete this checkpoint to resume from an earlier one") from None
+    for name, size in files.items():
+        f = path / name
+        if not f.is_file() or f.stat().st_size != size:
+            got = f.stat().st_size if f.is_file() else "missing"
+            raise CheckpointError(f"checkpoint file {f} is damaged ({got} bytes, the manifest says {size}); "
+                                  "delete this checkpoint to resume from an earlier one")
+    return manifest
+
+
+def is_complete(path: Path) -> bool:
+    try:
+        check_complete(path)
+        return True
+    except CheckpointError:
+        return False
+
+
+def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """The usable `step-N` folders under root, oldest first (incomplete and .tmp-* ones skipped)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _STEP_DIR.fullmatch(p.name) and is_complete(p)]
+    return sorted(found, key=step_of)
+
+
+def latest_checkpoint(root: str | os.PathLike) -> Path | None:
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def resolve_resume(resume: str, run_dir: Path) -> Path | None:
+    """The checkpoint that run.resume names, or None for a fresh start.
+
+    "" -> None. "auto" -> the latest complete checkpoint of run_dir (None if there is none yet, so
+    a job script can always pass --resume). A path -> that step-N folder (it must be complete), or
+    the latest checkpoint of a run folder or a checkpoints folder.
+    """
+    if not resume:
+        return None
+    if resume == "auto":
+        return latest_checkpoint(run_dir / CHECKPOINTS)
+    p = Path(resume).expanduser()
+    if not p.exists():
+        raise CheckpointError(f"run.resume={resume!r}: no such checkpoint, run or checkpoints folder")
+    if _STEP_DIR.fullmatch(p.name) or (p / MARKER).exists():
+        check_complete(p)
+        return p
+    for root in (p / CHECKPOINTS, p):
+        latest = latest_checkpoint(root)
+        if latest is not None:
+            return latest
+    roots = [r for r in (p / CHECKPOINTS, p) if r.is_dir()]
+    partial = sorted(q.name for r in roots for q in r.iterdir() if q.name.startswith(("step-", ".tmp-")))
+    raise CheckpointError(f"run.resume={resume!r}: no complete checkpoint in it (looked for step-N folders "
+                          f"with a {MARKER} marker in {p} and {p / CHECKPOINTS}; incomplete: {partial or 'none'})")
+
+
+# ----------------------------------------------------------------------------- writing
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj))
+
+
+def rng_state(sample_gen: torch.Generator, shuffle_gen: torch.Generator) -> dict:
+    """Every RNG a step draws from, as tensors and plain lists (loadable with weights_only=True)."""
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": [name, key.tolist(), pos, has_gauss, gauss],
+        "torch": torch.get_rng_state(),
+        "sample_gen": sample_gen.get_state(),
+        "shuffle_gen": shuffle_gen.get_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict, sample_gen: torch.Generator, shuffle_gen: torch.Generator) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    name, key, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    sample_gen.set_state(state["sample_gen"])
+    shuffle_gen.set_state(state["shuffle_gen"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def reference_model(setup) -> torch.nn.Module | None:
+    """The reference model when it is a separate module (a frozen copy); None without KL or with LoRA."""
+    return getattr(setup.reference, "model", None) if setup.reference is not None else None
+
+
+def write_state(setup, d: Path, step: int, reference_from: Path | None = None) -> None:
+    """Writes every file of a checkpoint of `setup` into folder d (not fsynced, no marker)."""
+    from grpolab import config as C
+
+    save_model(setup.policy, str(d / "model.safetensors"))
+    ref = reference_model(setup)
+    if ref is not None:
+        _write_reference(ref, d / "reference.safetensors", reference_from)
+    torch.save(setup.optimizer.state_dict(), d / "optimizer.pt")
+    torch.save(setup.scheduler.state_dict(), d / "scheduler.pt")
+    torch.save(rng_state(setup.sample_gen, setup.shuffle_gen), d / "rng.pt")
+    _write_json(d / "data.json", setup.prompts.state_dict())
+    _write_json(d / "state.json", {"step": step, "consecutive_skips": setup.consecutive_skips})
+    (d / "config.yaml").write_text(C.dump(setup.cfg))
+
+
+def _write_reference(ref: torch.nn.Module, dst: Path, reference_from: Path | None) -> None:
+    """The reference never changes during a run: hard-link the file of the checkpoint this run
+    last wrote or loaded when there is one (no copy on disk), else write it."""
+    src = reference_from / dst.name if reference_from is not None else None
+    if src is not None and src.is_file():
+        try:
+            os.link(src, dst)
+            return
+        except OSError:  # another file system, or links not supported
+            pass
+    save_model(ref, str(dst))
+
+
+def save_checkpoint(setup, root: str | os.PathLike, step: int, keep: int,
+                    reference_from: Path | None = None, flush: Iterable[Path] = ()) -> Path:
+    """Saves `setup` as root/step-<step> atomically (see the module docstring); returns the folder.
+
+    keep: how many complete checkpoints to keep (older ones are deleted after the save).
+    reference_from: a checkpoint of this run whose reference.safetensors may be hard-linked.
+    flush: files to fsync first (metrics.jsonl, samples.jsonl), so that the lines of the steps
+        a checkpoint covers are on disk before it is.
+    An existing step-<step> is replaced only once the new one is complete.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for f in flush:
+        if Path(f).is_file():
+            _fsync(Path(f))
+    final, tmp = root / f"step-{step}", root / f".tmp-step-{step}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        write_state(setup, tmp, step, reference_from)
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
+        for p in tmp.iterdir():
+            _fsync(p)
+        _write_json(tmp / MARKER, {"step": step, "files": files})
+        _fsync(tmp / MARKER)
+        _fsync(tmp)
+        if final.exists():  # a checkpoint of the same step from an earlier attempt: swap it out
+            old = root / f".tmp-old-step-{step}-{os.getpid()}"
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    prune(root, keep)
+    return final
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Deletes all but the `keep` newest complete checkpoints, and step folders older than those
+    that are incomplete (a deletion cut short); returns the deleted folders. The marker goes
+    first, so a folder whose deletion is interrupted is never taken for a complete one."""
+    kept = complete_checkpoints(root)[-keep:] if keep > 0 else []
+    oldest = step_of(kept[0]) if kept else -1
+    old = [p for p in root.iterdir() if _STEP_DIR.fullmatch(p.name) and step_of(p) < oldest]
+    for p in old:
+        (p / MARKER).unlink(missing_ok=True)
+        shutil.rmtree(p, ignore_errors=True)
+    return old
+
+
+def remove_stale_tmp(root: str | os.PathLike) -> list[Path]:
+    """Removes `.tmp-*` folders left by interrupted writes (one training process per run folder)."""
+    root = Path(root)
+    stale = [p for p in root.iterdir() if p.name.startswith(".tmp-")] if root.is_dir() else []
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
+
+
+# ----------------------------------------------------------------------------- loading
+def _load_pt(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - name the file whatever the reason
+        raise CheckpointError(f"checkpoint file {path} cannot be read ({type(e).__name__}: {e}); "
+                              "delete this checkpoint to resume from an earlier one") from None
+
+
+def _load_weights(model: torch.nn.Module, path: Path) -> None:
+    device = next(model.parameters()).device
+    try:
+        load_model(model, str(path), strict=True, device=str(device))
+    except RuntimeError as e:  # wrong shapes or names: another model
+        raise CheckpointError(f"checkpoint file {path} does not fit this model (were model.* settings "
+                              f"changed since it was saved?): {' '.join(str(e).split())[:400]}") from None
+    except Exception as e:  # noqa: BLE001 - a damaged file: safetensors' own error type
+        raise CheckpointError(f"checkpoint file {path} cannot be read ({type(e).__name__}: {e})") from None
+
+
+def load_checkpoint(setup, path: str | os.PathLike) -> int:
+    """Restores `setup` from a complete checkpoint folder; sets and returns setup.start_step."""
+    path = Path(path)
+    check_complete(path)
+    _load_weights(setup.policy, path / "model.safetensors")
+    ref = reference_model(setup)
+    if ref is not None:
+        if not (path / "reference.safetensors").is_file():
+            raise CheckpointError(f"checkpoint {path} has no reference.safetensors but this config uses a "
+                                  "reference model (loss.kl_coef > 0); was the KL turned on after it was saved?")
+        _load_weights(ref, path / "reference.safetensors")
+    for name, obj in (("optimizer.pt", setup.optimizer), ("scheduler.pt", setup.scheduler)):
+        try:
+            obj.load_state_dict(_load_pt(path / name))
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint file {path / name} does not fit this run: {e}") from None
+    set_rng_state(_load_pt(path / "rng.pt"), setup.sample_gen, setup.shuffle_gen)
+    try:
+        setup.prompts.load_state_dict(json.loads((path / "data.json").read_text()))
+        state = json.loads((path / "state.json").read_text())
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {path}: data.json or state.json cannot be used ({e})") from None
+    setup.start_step = int(state["step"])
+    setup.consecutive_skips = int(state.get("consecutive_skips", 0))
+    return setup.start_step
+
+
+def config_changes(path: Path, cfg) -> list[str]:
+    """Fields (other than run.*) whose value differs between the checkpoint's config and cfg."""
+    try:
+        saved = yaml.safe_load((path / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return ["config.yaml (unreadable)"]
+    now = yaml.safe_load(yaml.safe_dump(dataclasses.asdict(cfg)))  # same plain types as the file
+
+    def flat(d: Any, prefix: str = "") -> dict[str, Any]:
+        if not isinstance(d, dict):
+            return {prefix: d}
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+
+    a, b = flat(saved), flat(now)
+    keys = sorted(k for k in set(a) | set(b) if not k.startswith("run.") and a.get(k) != b.get(k))
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys]
+
+
+def truncate_jsonl(path: str | os.PathLike, before_step: int) -> int:
+    """Keeps the complete lines of a metrics/samples file whose "step" < before_step (atomically);
+    returns how many were dropped. A missing file is left missing."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            ok = line.endswith("\n") and int(json.loads(line)["step"]) < before_step
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        if ok:
+            kept.append(line)
+        else:
+            dropped += line.strip() != ""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    _fsync(tmp)
+    os.replace(tmp, path)
+    return dropped
+
+
+# ----------------------------------------------------------------------------- the loop hook
+class CheckpointHook:
+    """A Setup hook (called after each step's metrics are written): saves every
+    run.checkpoint_every steps, after the last step, and when a stop was requested.
+
+    It also remembers the small part of the state that Phase A changes (RNGs, data cursor), so
+    that a crash before the step's first optimizer step (a reward function raising, an
+    out-of-memory in generation) can still be saved exactly as the step boundary (`save_on_error`).
+    """
+
+    def __init__(self, setup, run_dir: Path, loaded_from: Path | None = None):
+        self.setup = setup
+        self.run_dir = Path(run_dir)
+        self.root = self.run_dir / CHECKPOINTS
+        self.done = setup.start_step  # completed steps
+        self.last: Path | None = loaded_from
+        self._mark_boundary()
+
+    def __call__(self, step: int, row: dict, *rest: Any) -> None:
+        self.done = step + 1
+        s = self.setup
+        every = s.cfg.run.checkpoint_every
+        if (every and self.done % every == 0) or self.done == s.cfg.train.steps or s.should_stop():
+            self.save()
+        self._mark_boundary()
+
+    def save(self) -> Path:
+        s = self.setup
+        flush = (self.run_dir / "metrics.jsonl", self.run_dir / "samples.jsonl")
+        self.last = save_checkpoint(s, self.root, self.done, s.cfg.run.keep_checkpoints,
+                                    reference_from=self.last, flush=flush)
+        if s.progress is not None:
+            s.progress.log(f"saved checkpoint {self.last}")
+        return self.last
+
+    def _mark_boundary(self) -> None:
+        s = self.setup
+        self._boundary = (rng_state(s.sample_gen, s.shuffle_gen), copy.deepcopy(s.prompts.state_dict()),
+                          s.consecutive_skips, copy.deepcopy(s.scheduler.state_dict()), _updates(s.optimizer))
+
+    def _back_to_boundary(self) -> bool:
+        """When the policy has not been updated since the step began, puts back what Phase A and
+        skipped optimizer steps changed (RNGs, data cursor, LR schedule, skip counter): the state
+        is then exactly the step boundary. Returns whether it did."""
+        s = self.setup
+        rng, data, skips, sched, updates = self._boundary
+        if _updates(s.optimizer) != updates:
+            return False
+        set_rng_state(rng, s.sample_gen, s.shuffle_gen)
+        s.prompts.load_state_dict(data)
+        s.scheduler.load_state_dict(sched)
+        s.consecutive_skips = skips
+        return True
+
+    def save_on_error(self) -> Path | None:
+        """After an exception inside a step (a reward function raising, out of memory in
+        generation): saves the step boundary when no update had happened in the step yet, so a
+        resumed run redoes that step exactly. Returns the checkpoint, or None when the update had
+        begun (half a step is not saved; the previous checkpoint stays the one to resume from)."""
+        if not self._back_to_boundary():
+            return None
+        existing = self.root / f"step-{self.done}"
+        return existing if is_complete(existing) else self.save()
+
+    def save_last_good(self) -> Path:
+        """After the numerics guard stopped the run inside a step: saves the last good state as
+        step-<completed steps>: the step boundary when the step made no update (the usual case),
+        else the weights of its last finite optimizer step. The skip counter is saved as 0, so a
+        resumed run (e.g. with a lower train.lr) gets train.max_skipped_steps fresh tries."""
+        self._back_to_boundary()
+        self.setup.consecutive_skips = 0
+        return self.save()
+
+
+def _updates(optimizer: torch.optim.Optimizer) -> int:
+    """How many parameter updates the optimizer has made (the sum of its per-parameter step counts)."""
+    return sum(int(st["step"]) for st in optimizer.state.values() if "step" in st)

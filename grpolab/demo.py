@@ -21,7 +21,7 @@ from grpolab.report.progress import Progress
 from grpolab.rollout.hf import HFEngine
 from grpolab.train import grpo
 from grpolab.train.evaluate import evaluate_arith
-from grpolab.train.run import attach_outputs, make_run_dir, write_config, write_eval
+from grpolab.train.run import make_run_dir, train_in_run_dir, write_config, write_eval
 from grpolab.train.setup import build_setup
 from grpolab.train.sft import train_sft
 
@@ -97,14 +97,9 @@ def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True) ->
          f"false_refusal {before['false_refusal']:.3f}")
     progress = Progress(cfg.train.steps, enabled=cfg.run.progress)
     setup = build_setup(cfg, policy=model, tokenizer=tok, progress=progress)
-    logger = attach_outputs(setup, run_dir)
-    try:
-        grpo.train(setup)
-    finally:
-        logger.close()
-        progress.close()
-    model.save_pretrained(run_dir / "final")
-    tok.save_pretrained(run_dir / "final")
+    code = train_in_run_dir(setup, run_dir)  # metrics, samples, checkpoints, final/
+    if code != 0:
+        raise SystemExit(code)
     after = evaluate_arith(model, engine, eval_items)
     payload = {
         "before": before, "after": after,

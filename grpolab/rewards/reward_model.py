@@ -1,0 +1,88 @@
+"""A learned reward model as a GRPO reward function: scores `prompt + completion` with a saved RM.
+
+    rewards=[reward_model:1.0]  with kwargs {"path": "runs/x/rm_accuracy"}
+
+The RM folder is written by `grpolab rm` / grpolab.train.reward_model.save_reward_model (any HF
+`*ForSequenceClassification` folder with one output works too). It is loaded once, when the
+reward is built, so a wrong path stops the run before training starts.
+
+Scores are raw RM outputs unless `normalize` says otherwise:
+- "batch": z-score over the rows of each call, (s - mean) / (std + 1e-6), population std. One
+  call is one GRPO step's P×G completions, so this is a per-step normalization (not per group).
+- "fixed": (s - mean) / std with constants: by default `score_mean` / `score_std` from the folder's
+  grpolab_rm.json, i.e. the mean and population std of the RM's scores over the chosen and rejected
+  completions of its training pairs, measured after RM training; explicit `mean` / `std` override them.
+Either keeps two RMs with different score scales comparable in a weighted sum. (Group-normalized
+advantages remove any per-prompt offset anyway; what the scale changes is the balance between
+rewards.) The reward never abstains, and it does not look at the metadata: a truncated completion
+is scored like any other text (use the `format` rule reward to penalize truncation explicitly).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from grpolab.rewards.base import register_reward
+from grpolab.train.reward_model import default_append_eos, load_reward_model, score_texts
+
+_NORMALIZE = (None, "none", "batch", "fixed")
+
+
+@register_reward("reward_model")
+class RewardModelReward:
+    """Scores with a saved reward model: one float per row (see the module docstring)."""
+
+    name = "reward_model"
+
+    def __init__(
+        self,
+        path: str,
+        device: str = "cpu",
+        batch_size: int = 64,
+        normalize: str | None = None,
+        mean: float | None = None,
+        std: float | None = None,
+    ):
+        if normalize not in _NORMALIZE:
+            raise ValueError(f"reward_model: normalize must be one of {_NORMALIZE}, got {normalize!r}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"reward_model: batch_size must be an integer >= 1, got {batch_size!r}")
+        self.path = str(path)
+        self.batch_size = batch_size
+        self.normalize = None if normalize == "none" else normalize
+        self.model, self.tokenizer, self.info = load_reward_model(path, device)
+        self.append_eos = bool(self.info.get("append_eos", default_append_eos(self.tokenizer)))
+        self.mean, self.std = self._constants(mean, std)
+
+    def _constants(self, mean: float | None, std: float | None) -> tuple[float, float]:
+        if self.normalize != "fixed":
+            return 0.0, 1.0
+        mean = self.info.get("score_mean") if mean is None else mean
+        std = self.info.get("score_std") if std is None else std
+        if mean is None or std is None:
+            raise ValueError(f"reward_model: normalize='fixed' needs mean and std, and {self.path} has no "
+                             "score_mean/score_std in grpolab_rm.json; pass mean=..., std=...")
+        if not float(std) > 0:
+            raise ValueError(f"reward_model: normalize='fixed' needs std > 0, got {std}")
+        return float(mean), float(std)
+
+    def scores(self, prompts: Sequence[str], completions: Sequence[str]) -> torch.Tensor:
+        """Raw RM scores [N] float32 (CPU), in batches of `batch_size`, without grad."""
+        return score_texts(self.model, self.tokenizer, prompts, completions,
+                           append_eos=self.append_eos, batch_size=self.batch_size)
+
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], metadata: Sequence[dict[str, Any]]
+    ) -> list[float]:
+        if len(prompts) != len(completions):
+            raise ValueError(f"reward {self.name!r}: {len(prompts)} prompts but {len(completions)} completions")
+        if not completions:
+            return []
+        s = self.scores(prompts, completions).double()
+        if self.normalize == "batch":
+            s = (s - s.mean()) / (s.std(correction=0) + 1e-6)
+        elif self.normalize == "fixed":
+            s = (s - self.mean) / self.std
+        return [float(x) for x in s]

@@ -1,0 +1,193 @@
+import json
+import random
+import time
+
+import pytest
+import torch
+
+from grpolab.data.arith import ArithTask
+from grpolab.data.preferences import PrefPair, refusal_pairs
+from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+from grpolab.train.reward_model import (
+    RM_INFO_FILE,
+    accumulate_pair_gradients,
+    build_demo_reward_models,
+    build_reward_model,
+    encode_texts,
+    evaluate_pairs,
+    load_reward_model,
+    save_reward_model,
+    score_ids,
+    score_texts,
+    torch_threads,
+    train_reward_model,
+)
+
+TINY = dict(hidden_size=32, num_layers=2, num_heads=4)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Models this small run fastest on one thread; two threads on a busy 2-core box are 5-20x slower.
+    with torch_threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+def rm(tok, seed=0, dtype=torch.float32):
+    return build_reward_model("builtin:tiny", tok, seed=seed, **TINY).to(dtype)
+
+
+PAIRS = [
+    PrefPair("12+7=", "19", "20"), PrefPair("3*4=", "12", "cannot"), PrefPair("5/0=", "cannot", "5"),
+    PrefPair("99-9=", "90", ""), PrefPair("+4=", "cannot", "cann"), PrefPair("1+1=", "2", "1234567"),
+    PrefPair("8/2=", "4", "44"), PrefPair("6*=", "cannot", "0"),
+]
+
+
+def test_right_padding_scores_like_the_unpadded_row(tok):
+    model = rm(tok).eval()
+    seqs = encode_texts(tok, ["1+1=", "123*45=", "5/0="], ["2", "5535", "cannot"], append_eos=True)
+    assert all(s[-1] == tok.eos_token_id for s in seqs)
+    with torch.no_grad():
+        together = score_ids(model, seqs)
+        alone = torch.cat([score_ids(model, [s]) for s in seqs])
+    torch.testing.assert_close(together, alone)
+
+
+def test_the_scored_token_is_the_last_real_token(tok):
+    model = rm(tok).eval()
+    seqs = encode_texts(tok, ["1+1=", "10*10="], ["2", "100"], append_eos=True)
+    with torch.no_grad():
+        scores = score_ids(model, seqs)
+        for i, s in enumerate(seqs):
+            hidden = model.model(input_ids=torch.tensor([s])).last_hidden_state[0, -1]
+            torch.testing.assert_close(scores[i], model.score(hidden)[0])
+    assert model.config.pad_token_id == tok.pad_token_id and model.config.num_labels == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradient_does_not_depend_on_the_microbatch_size(tok, dtype):
+    grads = {}
+    for micro in (1, 8, 4):
+        model = rm(tok, dtype=dtype).train()
+        model.zero_grad(set_to_none=True)
+        loss = accumulate_pair_gradients(model, tok, PAIRS, microbatch_size=micro)
+        grads[micro] = (loss, [p.grad.clone() for p in model.parameters()])
+    for micro in (1, 4):
+        assert grads[micro][0] == pytest.approx(grads[8][0], rel=1e-6)
+        for a, b in zip(grads[micro][1], grads[8][1]):
+            torch.testing.assert_close(a, b)
+    assert any(g.abs().sum() > 0 for g in grads[8][1])
+
+
+def test_loss_is_the_mean_pairwise_logsigmoid(tok):
+    model = rm(tok).train()
+    loss = accumulate_pair_gradients(model, tok, PAIRS[:3], microbatch_size=2)
+    prompts = [p.prompt for p in PAIRS[:3]]
+    c = score_texts(model, tok, prompts, [p.chosen for p in PAIRS[:3]])
+    r = score_texts(model, tok, prompts, [p.rejected for p in PAIRS[:3]])
+    assert loss == pytest.approx(float(torch.nn.functional.softplus(r - c).mean()), rel=1e-5)
+
+
+def test_training_learns_refusal_and_generalizes_to_heldout_prompts(tok):
+    task = ArithTask()
+    train = refusal_pairs(task, random.Random(0), 120 * 16)
+    heldout = refusal_pairs(task, random.Random(1), 200, split="eval")
+    model = rm(tok)
+    before, _ = evaluate_pairs(model, tok, heldout)
+    result = train_reward_model(model, tok, train, steps=120, batch_size=16, microbatch_size=16, lr=3e-3,
+                                seed=0, eval_pairs=heldout)
+    assert len(result.train_losses) == 120
+    assert sum(result.train_losses[-10:]) < 0.7 * sum(result.train_losses[:10])
+    assert result.heldout_accuracy > max(0.75, before + 0.2), (before, result.heldout_accuracy)
+    assert result.heldout_margin > 0
+    assert (result.heldout_accuracy, result.heldout_margin) == pytest.approx(evaluate_pairs(model, tok, heldout))
+
+
+def test_bad_training_arguments(tok):
+    model = rm(tok)
+    with pytest.raises(ValueError, match="exactly one of steps or epochs"):
+        train_reward_model(model, tok, PAIRS, steps=2, epochs=1.0)
+    with pytest.raises(ValueError, match="not a multiple of microbatch_size"):
+        train_reward_model(model, tok, PAIRS, steps=1, batch_size=8, microbatch_size=3)
+    result = train_reward_model(model, tok, PAIRS, epochs=2.0, batch_size=4, microbatch_size=2)
+    assert len(result.train_losses) == 4 and result.heldout_accuracy is None
+
+
+def test_built_from_a_causal_lm_keeps_its_backbone(tok, tmp_path):
+    lm = build_tiny_model(tok, seed=3, **TINY)
+    model = build_reward_model(lm, tok, seed=0)
+    for name, value in lm.model.state_dict().items():
+        torch.testing.assert_close(model.model.state_dict()[name], value)
+    lm.save_pretrained(tmp_path / "lm")
+    tok.save_pretrained(tmp_path / "lm")
+    from_path = build_reward_model(tmp_path / "lm", tok, seed=0)
+    torch.testing.assert_close(from_path.model.embed_tokens.weight, lm.model.embed_tokens.weight)
+    assert type(from_path).__name__ == "Qwen2ForSequenceClassification"
+    with pytest.raises(ValueError, match="apply only"):
+        build_reward_model(tmp_path / "lm", tok, hidden_size=8)
+
+
+def test_save_and_load_round_trip(tok, tmp_path):
+    model = rm(tok, seed=1).eval()
+    out = save_reward_model(model, tok, tmp_path / "rm", info={"score_mean": 0.5, "score_std": 2.0})
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    assert json.loads((out / RM_INFO_FILE).read_text()) == {"append_eos": True, "score_mean": 0.5, "score_std": 2.0}
+    loaded, ltok, info = load_reward_model(out)
+    prompts, completions = ["1+2=", "7/0=", "12*12="], ["3", "cannot", ""]
+    torch.testing.assert_close(score_texts(loaded, ltok, prompts, completions),
+                               score_texts(model, tok, prompts, completions))
+    assert info["score_std"] == 2.0
+    save_reward_model(model, tok, out)  # an existing reward-model folder is replaced
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a reward-model folder"):
+        save_reward_model(model, tok, tmp_path / "other")
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        load_reward_model(tmp_path / "nowhere")
+
+
+def test_cli_trains_saves_and_reports(tmp_path, capsys):
+    import argparse
+
+    from grpolab import cli_rm
+
+    parser = argparse.ArgumentParser()
+    cli_rm.add_parser(parser.add_subparsers(dest="command"))
+    out = tmp_path / "rm"
+    args = parser.parse_args(["rm", "--data", "builtin:refusal", "--out", str(out), "--steps", "3",
+                              "--batch-size", "4", "--microbatch-size", "2", "--hidden-size", "16",
+                              "--num-layers", "1", "--heldout-pairs", "20"])
+    assert args.fn(args) == 0
+    printed = capsys.readouterr().out
+    assert "held-out pairwise accuracy: " in printed and "(20 pairs)" in printed
+    info = json.loads((out / RM_INFO_FILE).read_text())
+    assert info["train_pairs"] == 12 and info["score_std"] > 0
+    model, _, _ = load_reward_model(out)
+    assert model.config.hidden_size == 16
+    bad = parser.parse_args(["rm", "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "x")])
+    assert bad.fn(bad) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_demo_reward_models(tok, tmp_path):
+    """The demo's defaults (about 1 minute here). The refusal RM reaches >= 95% held-out pairwise
+    accuracy. The accuracy RM reaches it on every kind of pair except "number" (correct answer vs
+    another integer on held-out facts), which needs arithmetic this tiny RM does not learn in its
+    budget: about 0.6 there, so about 0.8 overall (see build_demo_reward_models)."""
+    t = time.perf_counter()
+    out = build_demo_reward_models(ArithTask(), tok, tmp_path, seed=0)
+    assert time.perf_counter() - t < 120
+    assert out["refusal_rm"]["heldout_accuracy"] >= 0.95, out
+    acc = out["accuracy_rm"]["by_kind"]
+    assert all(v >= 0.95 for k, v in acc.items() if k != "number"), acc
+    assert acc["number"] > 0.55, acc
+    for name in ("accuracy", "refusal"):
+        info = json.loads((tmp_path / f"rm_{name}" / RM_INFO_FILE).read_text())
+        assert info["score_std"] > 0 and info["heldout_accuracy"] == out[f"{name}_rm"]["heldout_accuracy"]

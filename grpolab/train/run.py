@@ -41,7 +41,7 @@ class SamplesWriter:
         if step % self.every:
             return
         G = ro.group_size
-        lengths = ro.completion_lengths.tolist()
+        lengths = ro.attention_mask[:, ro.prompt_len :].sum(-1).tolist()  # generated, not trained, tokens
         trunc = ro.truncated.tolist()
         rewards = ro.rewards.tolist()
         adv = ro.advantages.tolist()

@@ -83,7 +83,9 @@ class StepStats:
     def finish(self, ro, items, texts, scores: dict[str, torch.Tensor], s) -> dict:
         tok = max(self.sums.get("tokens", 0.0), 1.0)
         r, adv = ro.rewards, ro.advantages
-        lengths = ro.completion_lengths.float()
+        # generated lengths: the completion part of the attention mask (ro.loss_mask may have been
+        # narrowed by train_mask: zero-variance groups or truncated completions give 0 there)
+        lengths = ro.attention_mask[:, ro.prompt_len :].sum(-1).float()
         gen_tokens = float(lengths.sum())
         row = {
             "step": self.step,

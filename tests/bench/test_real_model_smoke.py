@@ -1,0 +1,96 @@
+"""bench/real_model.py on a tiny model: the config builds, the split is disjoint, one step runs,
+and skipping loss-masked rows leaves the gradient unchanged. (SmolLM2 itself is not loaded.)"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("reasoning_gym")
+
+from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+from grpolab.train.setup import build_setup
+
+_PATH = Path(__file__).resolve().parents[2] / "bench" / "real_model.py"
+_spec = importlib.util.spec_from_file_location("bench_real_model", _PATH)
+rm = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(rm)
+
+SMALL = ["--steps", "1", "--prompts", "2", "--group-size", "2", "--max-new-tokens", "4", "--eval-size", "4",
+         "--eval-samples", "1", "--eval-every", "0", "--dtype", "float32", "--lr", "1e-3", "--microbatch", "2"]
+
+
+def _tiny():
+    tok = build_char_tokenizer("S:", model_max_length=128)  # chain_sum questions start "State ...:"
+    return build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, max_positions=128, seed=0), tok
+
+
+def test_config_is_the_documented_one():
+    cfg = rm.bench_config(rm.parse_args(["--out", "x"]))
+    assert cfg.loss.kl_coef == 0 and cfg.loss.filter_zero_std_groups
+    assert cfg.sequences_per_step == 64 and cfg.train.minibatch_size == 64 and not cfg.needs_old_logp_pass
+    assert cfg.data.system_prompt == rm.SMOLLM2_SYSTEM
+    assert [s.name for s in cfg.rewards] == ["reasoning_gym"]
+
+
+def test_same_seeds_rejected():
+    with pytest.raises(SystemExit):
+        rm.parse_args(["--seed", "3", "--eval-seed", "3"])
+
+
+def test_split_is_disjoint_and_sized():
+    args = rm.parse_args(["--eval-size", "128"])
+    train, held = rm.build_splits(None, args)
+    q = lambda items: [it.meta["rg_entry"]["question"] for it in items]
+    assert len(held) == len(set(q(held))) == 128
+    assert len(train) == len(set(q(train))) > 0
+    assert not set(q(held)) & set(q(train))
+    assert len(held) + len(train) <= 200  # the task has 200 distinct questions
+
+
+def test_skip_empty_rows_keeps_the_gradient():
+    model, tok = _tiny()
+    cfg = rm.bench_config(rm.parse_args(SMALL + ["--prompts", "4", "--microbatch", "8"]))
+    s = build_setup(cfg, policy=model, tokenizer=tok, prompts=_stream(tok))
+    items = s.prompts.next_batch(4)
+    ro = s.engine.generate(model, [it.prompt for it in items], 2, generator=torch.Generator().manual_seed(0))
+    mask = ro.loss_mask.clone()
+    mask[2:6] = False  # two groups dropped as zero-variance
+    ro = ro.replace(loss_mask=mask, advantages=torch.tensor([1.0, -1.0, 0, 0, 0, 0, 0.5, -0.5]))
+    norm = s.objective.normalizer(ro.loss_mask)
+    grads = []
+    for obj in (s.objective, rm.SkipEmptyRows(s.objective)):
+        model.zero_grad()
+        loss, _ = obj(model, ro, norm)
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+def _stream(tok):
+    from grpolab.data.stream import ListStream
+
+    train, _ = rm.build_splits(tok, rm.parse_args(SMALL))
+    return ListStream(train, seed=0)
+
+
+def test_one_step_end_to_end(tmp_path, capsys):
+    model, tok = _tiny()
+    args = rm.parse_args(SMALL + ["--out", str(tmp_path / "run")])
+    summary = rm.run(args, policy=model, tokenizer=tok)
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["mode"] == "full fine-tune" and len(saved["curve"]) == 1
+    for when in ("before", "after"):
+        assert saved[when]["sampled"]["n"] == 4 and saved[when]["greedy"]["n"] == 4
+        assert 0.0 <= saved[when]["greedy"]["mean"] <= 1.0
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
+    # a random tiny model never solves chain_sum, so every group is zero-variance and dropped from the
+    # loss: the reported lengths must still be the generated ones (≥ 1: the EOS or max_new_tokens)
+    assert saved["curve"][0]["len"] >= 1
+    groups = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert groups and all(c["length"] >= 1 for g in groups for c in g["completions"])
+    assert summary["phase_totals_s"]["step"] > 0
+    assert "held-out reward" in capsys.readouterr().out

@@ -13,7 +13,7 @@ def _demo(args) -> int:
     cfg = demo_config(quick=args.quick, seed=args.seed, overrides=args.overrides)
     if args.out:
         cfg = cfg.replace(**{"run.out_dir": args.out})
-    run_demo(cfg, report=not args.no_report)
+    run_demo(cfg, report=not args.no_report, rewards=args.rewards)
     return 0
 
 
@@ -159,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default="", help="run directory (default: a new folder under runs/)")
     d.add_argument("--no-report", action="store_true", help="skip report.html")
+    d.add_argument("--rewards", choices=("rm", "rules"), default="rules",
+                   help="GRPO rewards: two learned reward models (seed 000) or the exact rule checks")
     d.add_argument("overrides", nargs="*", help="config overrides, e.g. train.steps=50")
     d.set_defaults(fn=_demo)
 

@@ -30,9 +30,9 @@ DEMO_OVERRIDES = [
     "model.hidden_size=128", "model.num_layers=4", "model.num_heads=4",
     "rollout.prompts_per_step=32", "rollout.group_size=8", "rollout.max_new_tokens=8",
     "train.steps=300", "train.epochs=2", "train.minibatch_size=128", "train.microbatch_size=128",
-    "train.lr=1e-4", "sft.steps=1500", "sft.batch_size=64", "sft.microbatch_size=64", "sft.lr=1e-3",
-    "sft.examples=40000", "sft.refusal_examples=200", "sft.stop_at_accuracy=0.25", "sft.probe_every=10",
-    "sft.refusal_kinds=[div_by_zero]", "data.eval_prompts=256",
+    "train.lr=1e-4", "train.lr_schedule=cosine", "train.warmup_steps=10", "sft.steps=1500", "sft.batch_size=64", "sft.microbatch_size=64", "sft.lr=1e-3",
+    "sft.examples=40000", "sft.refusal_examples=300", "sft.stop_at_accuracy=0.25", "sft.probe_every=10",
+    "data.eval_prompts=256",
     "rewards=[exact_match:1.0, refusal:1.0]",
 ]
 QUICK_OVERRIDES = ["train.steps=120"]
@@ -83,13 +83,34 @@ def build_pi0(cfg: C.Config, run_dir: Path):
     return model, tok, task
 
 
-def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True) -> dict:
-    """Runs the whole demo; returns the eval.json payload."""
+def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, w_acc: float = 1.0, w_ref: float = 1.0):
+    """Trains the accuracy and refusal reward models (seed 000) and puts them in the config as the
+    GRPO rewards: reward = w_acc·RM_acc + w_ref·RM_ref, each score z-normalised with the mean/std of
+    the RM's scores on its own training pairs. Returns (config, {name: held-out pairwise accuracy})."""
+    from grpolab.train.reward_model import build_demo_reward_models
+
+    _say("[demo] training the accuracy and refusal reward models (pairwise log-sigmoid)")
+    rms = build_demo_reward_models(task, tok, run_dir / "reward_models", seed=cfg.train.seed)
+    for name, info in rms.items():
+        _say(f"[rm] {name}: held-out pairwise accuracy {info['heldout_accuracy']:.3f}")
+    weights = {"accuracy_rm": w_acc, "refusal_rm": w_ref}
+    specs = [{"name": "reward_model", "label": name, "weight": weights[name],
+              "kwargs": {"path": str(info["path"]), "normalize": "fixed"}} for name, info in rms.items()]
+    return cfg.replace(rewards=specs), {name: info["heldout_accuracy"] for name, info in rms.items()}
+
+
+def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True, rewards: str = "rules") -> dict:
+    """Runs the whole demo; returns the eval.json payload. rewards: rules (exact match + refusal
+    checks) or rm (two learned reward models); evaluation always uses the exact rule checks."""
     torch.manual_seed(cfg.train.seed)
     run_dir = run_dir or make_run_dir(cfg, "demo")
     write_config(cfg, run_dir)
     t0 = time.perf_counter()
     model, tok, task = build_pi0(cfg, run_dir)
+    rm_acc = {}
+    if rewards == "rm":
+        cfg, rm_acc = with_reward_models(cfg, task, tok, run_dir)
+        write_config(cfg, run_dir)
     eval_items = task.eval_items(cfg.data.eval_prompts, seed=cfg.data.seed)
     engine = HFEngine(tok, cfg.rollout.max_new_tokens)
     before = evaluate_arith(model, engine, eval_items)
@@ -104,6 +125,7 @@ def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True) ->
     payload = {
         "before": before, "after": after,
         "rewards": [{"name": s.display_name, "weight": s.weight} for s in cfg.rewards],
+        "reward_models": rm_acc,
         "eval_prompts": len(eval_items), "seed": cfg.train.seed,
         "wall_s": time.perf_counter() - t0,
     }

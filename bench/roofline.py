@@ -1,0 +1,134 @@
+"""How close a grpolab step comes to this CPU's measured GEMM peak, phase by phase.
+
+    python bench/roofline.py                              # tiny fixture, bf16, peak in fp32 and bf16
+    python bench/roofline.py --model smollm2 --prompts 4 --microbatch 16 --steps 2
+    python bench/roofline.py --peak-only
+
+1. Peak: the best of several large GEMMs (`--gemm` = M = N = K) per dtype, with the same thread
+   count as the run; that is the "machine limit" the phases are compared with.
+2. Model FLOPs of one step, counted from the model config and the step's real token counts
+   (matmul FLOPs only; padding and recomputation are not counted, so these are useful FLOPs):
+   - decoder: 2 FLOPs per non-embedding matmul weight per token, plus attention 4·layers·hidden·ctx;
+   - LM head: 2·hidden·vocab per position whose logits are computed;
+   - generation: each prompt prefilled once (grpolab shares it among its G samples), then one
+     decoder pass + LM head per generated token, at its context length;
+   - old / reference forward: every row, LM head on the completion positions only;
+   - training: forward + backward = 3 × the forward, μ times.
+3. Each phase's FLOP/s over its measured time, as a fraction of the peak of the compute dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Workload, load_tokenizer, model_dir, prompt_set, set_threads
+
+
+def gemm_peak(dtype, size: int = 2048, repeats: int = 5) -> float:
+    """Best FLOP/s of a size³ matmul in `dtype` (a plain torch.mm, as a model's linear layers use)."""
+    import torch
+
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    torch.mm(a, b)  # warm-up (kernel selection, AMX tile config)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t)
+    return 2 * size**3 / best
+
+
+def model_shape(path: Path) -> dict:
+    """Sizes the FLOP count needs, from config.json: layers, hidden, vocab, decoder matmul weights."""
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(path, local_files_only=True)
+    h, layers, inter = c.hidden_size, c.num_hidden_layers, c.intermediate_size
+    heads, kv = c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or h // heads
+    attn = h * heads * head_dim + 2 * h * kv * head_dim + heads * head_dim * h  # q, k, v, o
+    mlp = 3 * h * inter  # gate, up, down (SwiGLU)
+    return {"layers": layers, "hidden": h, "vocab": c.vocab_size, "decoder_weights": layers * (attn + mlp),
+            "attn_width": heads * head_dim}
+
+
+def forward_flops(shape: dict, tokens: float, ctx: float, head_positions: float) -> float:
+    """Forward FLOPs of `tokens` tokens at mean context `ctx`, LM head on `head_positions` positions."""
+    per_token = 2 * shape["decoder_weights"] + 4 * shape["layers"] * shape["attn_width"] * ctx
+    return tokens * per_token + head_positions * 2 * shape["hidden"] * shape["vocab"]
+
+
+def step_flops(shape: dict, w: Workload, prompt_len: float, comp_len: float) -> dict[str, float]:
+    """FLOPs of the phases of one step, with mean prompt / completion lengths in tokens."""
+    n, p = w.sequences_per_step, w.prompts_per_step
+    prefill = forward_flops(shape, p * prompt_len, prompt_len / 2, p)
+    decode = forward_flops(shape, n * comp_len, prompt_len + comp_len / 2, n * comp_len)
+    seq = prompt_len + comp_len
+    one_pass = forward_flops(shape, n * seq, seq / 2, n * comp_len)
+    passes = (1 if w.epochs > 1 else 0) + (1 if w.beta > 0 else 0)
+    return {"generate": prefill + decode, "logprob": passes * one_pass, "learn": 3 * w.epochs * one_pass}
+
+
+def run(args) -> None:
+    import torch
+
+    set_threads(args.threads)
+    peaks = {"float32": gemm_peak(torch.float32, args.gemm), "bfloat16": gemm_peak(torch.bfloat16, args.gemm)}
+    print(f"GEMM peak ({args.gemm}³, {torch.get_num_threads()} threads): fp32 {peaks['float32'] / 1e9:.0f} GFLOP/s, "
+          f"bf16 {peaks['bfloat16'] / 1e9:.0f} GFLOP/s")
+    if args.peak_only:
+        return
+    from vs_trl import run_grpolab
+
+    w = Workload(model=args.model, prompts_per_step=args.prompts, microbatch_size=args.microbatch,
+                 dtype=args.dtype, max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta)
+    path = model_dir(w.model)
+    tok = load_tokenizer(path)
+    prompts = [p["prompt"] for p in prompt_set(model=w.model)]
+    prompt_len = statistics.mean(len(ids) for ids in tok(prompts, add_special_tokens=False)["input_ids"])
+    shape = model_shape(path)
+    res = run_grpolab(w, args.steps, args.warmup)
+    timed = res["steps"][res["warmup"]:]
+    peak = peaks[w.dtype]
+    print(f"{w.model} {w.dtype}: P={w.prompts_per_step} G={w.group_size} mean prompt {prompt_len:.1f} tokens")
+    print(f"{'phase':9} {'s':>7} {'GFLOP':>8} {'GFLOP/s':>8} {'of peak':>8}")
+    total_f = total_t = 0.0
+    for name in ("generate", "logprob", "learn"):
+        fr, ts = [], []
+        for r in timed:
+            comp_len = r["gen_tokens"] / w.sequences_per_step
+            fr.append(step_flops(shape, w, prompt_len, comp_len)[name])
+            ts.append(r[name])
+        f, t = statistics.median(fr), statistics.median(ts)
+        total_f, total_t = total_f + f, total_t + t
+        print(f"{name:9} {t:7.3f} {f / 1e9:8.1f} {f / t / 1e9:8.1f} {f / t / peak:8.1%}")
+    print(f"{'step':9} {total_t:7.3f} {total_f / 1e9:8.1f} {total_f / total_t / 1e9:8.1f} {total_f / total_t / peak:8.1%}")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--microbatch", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--beta", type=float, default=0.04)
+    p.add_argument("--steps", type=int, default=3, help="timed steps")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0, help="0 = torch's default")
+    p.add_argument("--gemm", type=int, default=2048, help="M = N = K of the peak GEMM")
+    p.add_argument("--peak-only", action="store_true")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    run(parse_args())

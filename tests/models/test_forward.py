@@ -1,0 +1,134 @@
+"""The bf16-on-CPU attention switch: same log-probs and gradients as plain SDPA, inference untouched."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from grpolab.algo.logprobs import entropy, token_logprobs
+from grpolab.models.forward import (
+    FAST_CPU_ATTENTION,
+    batched_logprobs,
+    completion_logprobs,
+    fused_token_logprobs,
+    length_buckets,
+    use_fast_cpu_attention,
+)
+from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_and_batch():
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=0)
+    enc = tok(["12+7=34", "3-1=2", "99+99=198"], return_tensors="pt", padding=True, add_special_tokens=False)
+    return model, enc["input_ids"], enc["attention_mask"].bool()
+
+
+def _logp_and_grad(model, ids, am, dtype):
+    model.zero_grad(set_to_none=True)
+    logp, _ = completion_logprobs(model, ids, am, 4, compute_dtype=dtype)
+    (logp * am[:, 4:]).sum().backward()
+    return logp.detach(), model.model.embed_tokens.weight.grad.clone()
+
+
+def test_switch_only_for_bf16_on_cpu(model_and_batch):
+    model = copy.deepcopy(model_and_batch[0])
+    use_fast_cpu_attention(model, None, "cpu")
+    assert model.config._attn_implementation == "sdpa"
+    use_fast_cpu_attention(model, torch.bfloat16, "cpu")
+    assert model.config._attn_implementation == FAST_CPU_ATTENTION
+    use_fast_cpu_attention(model, torch.bfloat16, "cpu")  # idempotent
+    assert model.config._attn_implementation == FAST_CPU_ATTENTION
+
+
+def test_fp32_attention_in_bf16_training_matches_fp32_to_bf16_precision(model_and_batch):
+    base, ids, am = model_and_batch
+    ref_lp, ref_g = _logp_and_grad(copy.deepcopy(base), ids, am, None)  # fp32 throughout
+    plain = copy.deepcopy(base)  # bf16 autocast with bf16 SDPA (the model call bypasses the switch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = plain(input_ids=ids, attention_mask=am.long(), use_cache=False)
+    plain_lp = token_logprobs(out.logits[:, 3:-1], ids[:, 4:])
+    (plain_lp * am[:, 4:]).sum().backward()
+    plain_g = plain.model.embed_tokens.weight.grad
+    fast = copy.deepcopy(base)
+    fast_lp, fast_g = _logp_and_grad(fast, ids, am, torch.bfloat16)
+    assert fast.config._attn_implementation == FAST_CPU_ATTENTION
+    m = am[:, 4:]
+    # bf16 autocast: log-probs agree with fp32 and with bf16 SDPA to bf16 precision (8-bit mantissa)
+    torch.testing.assert_close(fast_lp[m], ref_lp[m], rtol=0.02, atol=0.05)
+    torch.testing.assert_close(fast_lp[m], plain_lp.detach()[m], rtol=0.02, atol=0.05)
+    # gradients: the relative error to fp32 is of bf16 size, and not worse than bf16 SDPA's
+    fast_err = float((fast_g - ref_g).norm() / ref_g.norm())
+    plain_err = float((plain_g - ref_g).norm() / ref_g.norm())
+    assert fast_err < 0.03, fast_err
+    assert fast_err <= plain_err * 1.25, (fast_err, plain_err)
+
+
+def test_inference_logprobs_unchanged_by_the_switch(model_and_batch):
+    base, ids, am = model_and_batch
+    plain, fast = copy.deepcopy(base), copy.deepcopy(base)
+    fast.set_attn_implementation("sdpa")
+    use_fast_cpu_attention(fast, torch.bfloat16, "cpu")
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        a = plain(input_ids=ids, attention_mask=am.long()).logits
+        b = fast(input_ids=ids, attention_mask=am.long()).logits
+    torch.testing.assert_close(a, b, rtol=0, atol=0)  # no grad: the same bf16 SDPA kernel runs
+
+
+@pytest.fixture(scope="module")
+def rollout(model_and_batch):
+    from grpolab.rollout.hf import HFEngine
+
+    model = model_and_batch[0]
+    tok = build_char_tokenizer()
+    eng = HFEngine(tok, max_new_tokens=12)
+    return eng.generate(model, ["1+1=", "12+34=", "7="], 4, generator=torch.Generator().manual_seed(0))
+
+
+def test_length_buckets_cover_rows_once_in_length_order(rollout):
+    chunks = length_buckets(rollout, 5)
+    assert [len(c) for c in chunks] == [5, 5, 2]
+    order = torch.cat(chunks)
+    assert sorted(order.tolist()) == list(range(rollout.num_sequences))
+    lengths = rollout.completion_lengths[order]
+    assert bool((lengths[1:] >= lengths[:-1]).all())
+
+
+def test_batched_logprobs_bucketed_equals_one_chunk(model_and_batch, rollout):
+    model = model_and_batch[0].eval()
+    one = batched_logprobs(model, rollout, 1.0, batch_size=rollout.num_sequences)
+    bucketed = batched_logprobs(model, rollout, 1.0, batch_size=3)
+    m = rollout.loss_mask
+    assert m.sum() > 0
+    torch.testing.assert_close(bucketed[m], one[m])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_token_logprobs_matches_the_reference_values_and_gradient(temperature, monkeypatch):
+    import grpolab.models.forward as fwd
+
+    monkeypatch.setattr(fwd, "_FUSED_CHUNK_ELEMENTS", 3 * 50)  # several chunks of 3 rows
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(2, 7, 50, generator=g)
+    labels = torch.randint(0, 50, (2, 7), generator=g)
+    weights = torch.randn(2, 7, generator=g)
+    x, y = base.clone().requires_grad_(True), base.clone().requires_grad_(True)
+    ref = token_logprobs(x, labels, temperature)
+    got, ent = fused_token_logprobs(y, labels, temperature, with_entropy=True)
+    (ref * weights).sum().backward()
+    (got * weights).sum().backward()
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(ent, entropy(base, temperature))
+    torch.testing.assert_close(y.grad, x.grad)
+    torch.testing.assert_close(y.detach(), base)  # the input is not modified in place
+    assert not ent.requires_grad
+
+
+def test_fused_token_logprobs_bf16_logits_give_bf16_gradient():
+    x = torch.randn(4, 33).to(torch.bfloat16).requires_grad_(True)
+    logp, ent = fused_token_logprobs(x, torch.randint(0, 33, (4,)))
+    logp.sum().backward()
+    assert ent is None and logp.dtype == torch.float32 and x.grad.dtype == torch.bfloat16

@@ -10,6 +10,8 @@ Both are plain transformers objects: the rest of grpolab treats them like any ot
 
 from __future__ import annotations
 
+import re
+
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
@@ -24,6 +26,7 @@ from transformers import (
 PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"
 SPECIAL_TOKENS = (PAD, EOS, BOS)  # ids 0, 1, 2 in this order
 BASE_ALPHABET = "0123456789+-*/=?() abcdefghijklmnopqrstuvwxyz"
+WORDS = ("cannot",)  # whole-word tokens: the built-in task's refusal
 
 _ARCHS = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 
@@ -36,20 +39,27 @@ def char_alphabet(extra_chars: str = "") -> str:
     return "".join(dict.fromkeys(BASE_ALPHABET + extra_chars))
 
 
-def build_char_tokenizer(extra_chars: str = "", *, model_max_length: int = 64) -> PreTrainedTokenizerFast:
-    """A character-level fast tokenizer over a fixed alphabet.
+def build_char_tokenizer(extra_chars: str = "", *, model_max_length: int = 64,
+                         words: tuple[str, ...] = WORDS) -> PreTrainedTokenizerFast:
+    """A character-level fast tokenizer over a fixed alphabet, plus a few whole-word tokens.
 
     Vocabulary: `<pad>`=0, `<eos>`=1, `<bos>`=2, then one id per character of
     `BASE_ALPHABET + extra_chars` (digits, `+-*/=?() `, a-z, then extras). Encoding adds no special
     tokens ("12+7=" -> 5 ids); decoding joins characters with nothing in between. Left padding.
     A character outside the alphabet makes the backend raise; use `encode_checked` for a clear error.
+    `words` (default: the refusal "cannot") get one token each, after the characters, as a BPE
+    vocabulary would give them: a tiny char model otherwise misspells a word it sees rarely
+    ("cnnnot"), and GRPO can then hardly ever sample the exact refusal.
     """
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in char_alphabet(extra_chars):
         vocab[ch] = len(vocab)
+    for w in words:
+        vocab.setdefault(w, len(vocab))
     # The unk token is deliberately not in the vocabulary: an unknown char errors, never maps silently.
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk-not-in-vocab>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    pattern = "|".join([re.escape(w) for w in sorted(words, key=len, reverse=True)] + ["."])
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     backend.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
@@ -75,8 +85,9 @@ def encode_checked(tokenizer: PreTrainedTokenizerFast, text: str) -> list[int]:
                 f"tokenizer's alphabet; add it with build_char_tokenizer(extra_chars=...)"
             )
     ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) != len(text):  # e.g. a special-token string such as "<eos>" written in the text
-        raise ValueError(f"encode_checked: {text!r} gave {len(ids)} ids for {len(text)} characters")
+    if tokenizer.decode(ids) != text or any(i in tokenizer.all_special_ids for i in ids):
+        # e.g. a special-token string such as "<eos>" written in the text
+        raise ValueError(f"encode_checked: {text!r} does not encode to plain character/word tokens")
     return ids
 
 

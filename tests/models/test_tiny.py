@@ -22,7 +22,7 @@ def test_tokenizer_special_ids_and_padding_side(tok):
     assert (tok.pad_token, tok.eos_token, tok.bos_token) == ("<pad>", "<eos>", "<bos>")
     assert (tok.pad_token_id, tok.eos_token_id, tok.bos_token_id) == (0, 1, 2)
     assert tok.padding_side == "left"
-    assert len(tok) == 3 + len(BASE_ALPHABET)
+    assert len(tok) == 3 + len(BASE_ALPHABET) + 1  # + the whole-word token "cannot"
 
 
 def test_one_id_per_char_no_specials(tok):

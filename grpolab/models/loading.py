@@ -40,6 +40,27 @@ SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
+# --------------------------------------------------------------------------- tokenizer
+
+
+def load_tokenizer(path):
+    """The tokenizer saved in an HF folder.
+
+    A tokenizer saved from a plain `tokenizers` object (tokenizer_class TokenizersBackend or
+    PreTrainedTokenizerFast, e.g. grpolab's built-in char tokenizer) is loaded as exactly that:
+    AutoTokenizer would pick the class of the folder's model_type (Qwen2Tokenizer), which swaps
+    in its own pre-tokenizer and silently changes the ids (spaces dropped, word tokens split).
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cfg_file = Path(path) / "tokenizer_config.json"
+    if cfg_file.is_file():
+        cls = json.loads(cfg_file.read_text()).get("tokenizer_class")
+        if cls in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+            return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
 # --------------------------------------------------------------------------- dtype
 
 
@@ -238,7 +259,7 @@ def load_model(
         path, config=config, dtype=torch_dtype, use_safetensors=True, local_files_only=True
     )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tokenizer = load_tokenizer(path)
     except (OSError, ValueError) as e:
         raise ValueError(f"model folder {path}: cannot load its tokenizer ({e})") from e
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:

@@ -181,11 +181,9 @@ def base_tokenizer(base: str, **tiny_kwargs: Any):
         from grpolab.models.tiny import build_char_tokenizer
 
         return build_char_tokenizer(**tiny_kwargs)
-    from transformers import AutoTokenizer
+    from grpolab.models.loading import load_tokenizer, resolve_model_path
 
-    from grpolab.models.loading import resolve_model_path
-
-    return _with_pad(AutoTokenizer.from_pretrained(resolve_model_path(base), local_files_only=True))
+    return _with_pad(load_tokenizer(resolve_model_path(base)))
 
 
 # --------------------------------------------------------------------------- training
@@ -348,7 +346,9 @@ def load_reward_model(path: str | Path, device: str | torch.device = "cpu", *, d
     Raises FileNotFoundError naming the path when it is missing or not an HF model folder, and
     ValueError when the model has more than one output.
     """
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification
+
+    from grpolab.models.loading import load_tokenizer
 
     p = Path(path).expanduser()
     if not p.is_dir():
@@ -360,7 +360,7 @@ def load_reward_model(path: str | Path, device: str | torch.device = "cpu", *, d
     )
     if model.config.num_labels != 1:
         raise ValueError(f"reward model {p}: num_labels={model.config.num_labels}; a reward model has one output")
-    tokenizer = _with_pad(AutoTokenizer.from_pretrained(p, local_files_only=True))
+    tokenizer = _with_pad(load_tokenizer(p))
     if model.config.pad_token_id is None:
         _set_pad(model, tokenizer.pad_token_id)
     info_file = p / RM_INFO_FILE
@@ -369,11 +369,6 @@ def load_reward_model(path: str | Path, device: str | torch.device = "cpu", *, d
 
 
 # --------------------------------------------------------------------------- the demo's two RMs
-
-DEMO_RM_SIZE = {"hidden_size": 64, "num_layers": 2, "num_heads": 4}
-"""Backbone of the demo reward models (builtin:tiny): about 0.1M parameters."""
-DEMO_RM_STEPS = {"accuracy_rm": 600, "refusal_rm": 300}
-"""Optimizer steps (batch 32 pairs) of each demo RM; the accuracy RM plateaus around here."""
 
 
 @contextmanager
@@ -388,74 +383,14 @@ def torch_threads(n: int | None):
         torch.set_num_threads(before)
 
 
-def build_demo_reward_models(
-    task,
-    tokenizer,
-    out_dir: str | Path,
-    *,
-    seed: int = 0,
-    steps: int | dict[str, int] | None = None,
-    batch_size: int = 32,
-    lr: float = 2e-3,
-    heldout_pairs: int = 1000,
-    base: Any = TINY_BASE,
-    num_threads: int | None = 1,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, dict[str, Any]]:
-    """Trains and saves the accuracy RM and the refusal RM of the built-in arithmetic task.
+_DEMO_NAMES = ("build_demo_reward_models", "sft_backbone", "DEMO_RM_SIZE", "DEMO_RM_STEPS",
+               "DEMO_BACKBONE_SIZE", "DEMO_BACKBONE_SFT", "DEMO_SFT_RM_STEPS", "DEMO_SFT_RM_LR")
 
-    Each is trained on `steps * batch_size` fresh pairs from the task's TRAIN side
-    (grpolab.data.preferences.accuracy_pairs / refusal_pairs), evaluated on `heldout_pairs` pairs
-    from its EVAL side, and saved to out_dir/rm_accuracy and out_dir/rm_refusal.
-    steps: an int for both, or {"accuracy_rm": n, "refusal_rm": m}; default DEMO_RM_STEPS.
-    base: "builtin:tiny" (DEMO_RM_SIZE) or a causal LM whose backbone initializes both (e.g. π0).
-    num_threads: torch threads while training (restored after). 1 by default: these models are so
-        small that a second thread barely helps, and on a busy 2-core machine two threads per
-        process made each step 5-20x slower (measured).
-    progress: called with one line of text per RM (e.g. `Progress.log`).
-    Returns {"accuracy_rm": {"path", "heldout_accuracy", "margin", "by_kind", "seconds"},
-    "refusal_rm": {...}}; by_kind: held-out accuracy per `builtin_pair_kind`.
 
-    Measured with the defaults (2-core CPU, seeds 0-2): about 40-60 s for both. The refusal RM
-    ranks 100% of held-out pairs right. The accuracy RM: >= 98% on junk, refusal and unanswerable
-    pairs, but only about 0.63 on "number" pairs (the answer against another integer: it would
-    have to do the arithmetic, and held-out facts were never seen), about 0.80 overall. As a GRPO
-    reward it therefore tells answers from junk and refusals apart, but barely right numbers from
-    wrong ones, and it has priors (e.g. it often scores "12" above the right answer): pair it with
-    the exact_match verifier when correctness matters.
-    """
-    from grpolab.data.preferences import accuracy_pairs, builtin_pair_kind, refusal_pairs
+def __getattr__(name: str):
+    """Re-exports the demo RMs of grpolab.train.reward_model_demo (imported lazily: it imports this module)."""
+    if name in _DEMO_NAMES:
+        from grpolab.train import reward_model_demo
 
-    plan = dict(DEMO_RM_STEPS)
-    if steps is not None:
-        plan.update(steps if isinstance(steps, dict) else dict.fromkeys(plan, steps))
-    out = {}
-    for offset, (key, make) in enumerate((("accuracy_rm", accuracy_pairs), ("refusal_rm", refusal_pairs))):
-        t0 = time.perf_counter()
-        rng = random.Random(f"{seed}:{key}")
-        train = make(task, rng, plan[key] * batch_size, split="train")
-        heldout = make(task, rng, heldout_pairs, split="eval")
-        tiny = DEMO_RM_SIZE if base == TINY_BASE else {}
-        with torch_threads(num_threads):
-            model = build_reward_model(base, tokenizer, seed=seed + offset, **tiny)
-            train_reward_model(model, tokenizer, train, steps=plan[key], batch_size=batch_size,
-                               microbatch_size=batch_size, lr=lr, seed=seed + offset)
-            diff = pair_margins(model, tokenizer, heldout)
-            mean, std = score_stats(model, tokenizer, train)
-        kinds = [builtin_pair_kind(p) for p in heldout]
-        by_kind = {k: float((diff[[i for i, x in enumerate(kinds) if x == k]] > 0).float().mean())
-                   for k in sorted(set(kinds))}
-        acc, margin = float((diff > 0).float().mean()), float(diff.mean())
-        name = key.split("_")[0]
-        info = {"score_mean": mean, "score_std": std, "data": f"builtin:{name}", "base": str(base),
-                "heldout_accuracy": acc, "heldout_margin": margin, "heldout_by_kind": by_kind,
-                "train_pairs": len(train), "heldout_pairs": len(heldout), "steps": plan[key]}
-        path = save_reward_model(model, tokenizer, Path(out_dir) / f"rm_{name}", info=info)
-        seconds = time.perf_counter() - t0
-        out[key] = {"path": str(path), "heldout_accuracy": acc, "margin": margin, "by_kind": by_kind,
-                    "seconds": seconds}
-        if progress is not None:
-            kinds_txt = ", ".join(f"{k} {v:.2f}" for k, v in by_kind.items())
-            progress(f"[rm] {name}: held-out pairwise accuracy {acc:.3f} ({kinds_txt}), margin {margin:.2f}, "
-                     f"{len(heldout)} pairs, {seconds:.0f} s")
-    return out
+        return getattr(reward_model_demo, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -135,3 +135,18 @@ def test_bad_arguments(tok):
         build_tiny_model(tok, arch="gpt2")
     with pytest.raises(ValueError, match="num_heads"):
         build_tiny_model(tok, hidden_size=30, num_heads=4)
+
+
+def test_saved_model_folder_reloads_the_same_tokenizer(tmp_path):
+    # AutoTokenizer would pick Qwen2Tokenizer from config.json and change the ids.
+    from grpolab.models.loading import load_model, load_tokenizer
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    text = "cannot 12+7= ab"
+    want = tok(text, add_special_tokens=False)["input_ids"]
+    assert load_tokenizer(tmp_path)(text, add_special_tokens=False)["input_ids"] == want
+    _, tok2 = load_model(str(tmp_path))
+    assert tok2(text, add_special_tokens=False)["input_ids"] == want

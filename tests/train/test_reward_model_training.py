@@ -1,6 +1,5 @@
 import json
 import random
-import time
 
 import pytest
 import torch
@@ -100,7 +99,7 @@ def test_training_learns_refusal_and_generalizes_to_heldout_prompts(tok):
     heldout = refusal_pairs(task, random.Random(1), 200, split="eval")
     model = rm(tok)
     before, _ = evaluate_pairs(model, tok, heldout)
-    result = train_reward_model(model, tok, train, steps=120, batch_size=16, microbatch_size=16, lr=3e-3,
+    result = train_reward_model(model, tok, train, steps=120, batch_size=16, microbatch_size=16, lr=1e-3,
                                 seed=0, eval_pairs=heldout)
     assert len(result.train_losses) == 120
     assert sum(result.train_losses[-10:]) < 0.7 * sum(result.train_losses[:10])
@@ -175,19 +174,68 @@ def test_cli_trains_saves_and_reports(tmp_path, capsys):
     assert "missing.jsonl" in capsys.readouterr().err
 
 
+def test_sft_backbone_sees_only_the_training_side(tok, monkeypatch):
+    from grpolab.train import sft
+    from grpolab.train.reward_model_demo import sft_backbone
+
+    task = ArithTask(ops="+-", answer_lsb_first=True)
+    seen = {}
+
+    def fake_train_sft(model, tokenizer, pairs, **kw):
+        seen.update(pairs=list(pairs), **kw)
+        return [0.0]
+
+    monkeypatch.setattr(sft, "train_sft", fake_train_sft)
+    lm = sft_backbone(task, tok, seed=0, steps=5, batch_size=40, refusal_share=0.25, size=TINY)
+    assert not lm.training and lm.config.hidden_size == TINY["hidden_size"]
+    pairs = seen["pairs"]
+    assert len(pairs) == 200 and seen["steps"] == 5 and seen["batch_size"] == 40
+    train_prompts = {it.prompt for it in task.items("train")}
+    eval_prompts = {it.prompt for it in task.items("eval")}
+    assert all(p in train_prompts and p not in eval_prompts for p, _ in pairs)
+    assert sum(c == "cannot" for _, c in pairs) == 50
+    answers = {it.prompt: it.meta["answer"] for it in task.items("train") if it.meta["answerable"]}
+    assert all(c == answers[p] for p, c in pairs if c != "cannot")  # clean answers
+
+
+def test_demo_reward_models_contract_with_a_small_budget(tok, tmp_path):
+    task = ArithTask(ops="+-", answer_lsb_first=True)
+    lines = []
+    out = build_demo_reward_models(task, tok, tmp_path, seed=0, backbone="sft", steps=2, batch_size=4,
+                                   heldout_pairs=40, sft={"steps": 2, "batch_size": 8, "size": TINY},
+                                   progress=lines.append)
+    assert set(out) == {"accuracy_rm", "refusal_rm"} and len(lines) == 3 and "SFT backbone" in lines[0]
+    for key, name in (("accuracy_rm", "accuracy"), ("refusal_rm", "refusal")):
+        r = out[key]
+        assert {"path", "heldout_accuracy", "margin", "by_kind", "seconds"} <= set(r)
+        info = json.loads((tmp_path / f"rm_{name}" / RM_INFO_FILE).read_text())
+        assert info["base"] == "sft:builtin:tiny" and info["steps"] == 2 and info["heldout_pairs"] == 40
+        model, _, _ = load_reward_model(r["path"])
+        assert model.config.hidden_size == TINY["hidden_size"]
+    assert set(out["accuracy_rm"]["by_kind"]) <= {"number", "junk", "refusal", "unanswerable"}
+    with pytest.raises(ValueError, match="backbone must be"):
+        build_demo_reward_models(task, tok, tmp_path, backbone="pi0")
+    with pytest.raises(ValueError, match="unknown keys"):
+        build_demo_reward_models(task, tok, tmp_path, backbone="fresh", steps={"accuracy": 3})
+    with pytest.raises(ValueError, match="apply only to backbone='sft'"):
+        build_demo_reward_models(task, tok, tmp_path, sft={"steps": 2})
+
+
 @pytest.mark.slow
 def test_demo_reward_models(tok, tmp_path):
-    """The demo's defaults (about 1 minute here). The refusal RM reaches >= 95% held-out pairwise
-    accuracy. The accuracy RM reaches it on every kind of pair except "number" (correct answer vs
-    another integer on held-out facts), which needs arithmetic this tiny RM does not learn in its
-    budget: about 0.6 there, so about 0.8 overall (see build_demo_reward_models)."""
-    t = time.perf_counter()
-    out = build_demo_reward_models(ArithTask(), tok, tmp_path, seed=0)
-    assert time.perf_counter() - t < 120
+    """The demo's defaults (backbone "fresh") on the demo's task (ops "+-", LSB-first answers): about
+    20-25 s on an idle 2-core CPU. The refusal RM ranks >= 95% of held-out pairs right. The accuracy
+    RM does on every kind of pair but "number" (the right answer against another integer on
+    held-out facts): 0.74 / 0.68 there, 0.852 / 0.823 overall (seeds 0, 1), because single-digit
+    differences stay near chance; see build_demo_reward_models."""
+    from grpolab.data.build import arith_task
+    from grpolab.demo import demo_config
+
+    out = build_demo_reward_models(arith_task(demo_config()), tok, tmp_path, seed=0)
     assert out["refusal_rm"]["heldout_accuracy"] >= 0.95, out
     acc = out["accuracy_rm"]["by_kind"]
     assert all(v >= 0.95 for k, v in acc.items() if k != "number"), acc
-    assert acc["number"] > 0.55, acc
+    assert acc["number"] >= 0.62 and out["accuracy_rm"]["heldout_accuracy"] >= 0.8, out
     for name in ("accuracy", "refusal"):
         info = json.loads((tmp_path / f"rm_{name}" / RM_INFO_FILE).read_text())
         assert info["score_std"] > 0 and info["heldout_accuracy"] == out[f"{name}_rm"]["heldout_accuracy"]

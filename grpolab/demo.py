@@ -32,7 +32,7 @@ DEMO_OVERRIDES = [
     "train.steps=300", "train.epochs=2", "train.minibatch_size=128", "train.microbatch_size=128",
     "train.lr=1e-4", "train.lr_schedule=cosine", "train.warmup_steps=10", "sft.steps=1500", "sft.batch_size=64", "sft.microbatch_size=64", "sft.lr=1e-3",
     "sft.examples=40000", "sft.refusal_examples=200", "sft.stop_at_accuracy=0.25", "sft.probe_every=10",
-    "data.eval_prompts=256",
+    "data.eval_prompts=256", "data.arith_unanswerable_share=0.4",
     "rewards=[exact_match:1.0, refusal:1.0]",
 ]
 QUICK_OVERRIDES = ["train.steps=120"]

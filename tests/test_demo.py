@@ -16,7 +16,7 @@ def test_demo_quick_gains_and_writes_the_run_directory(tmp_path, capsys):
     before, after = payload["before"], payload["after"]
     # A real gain, not noise: 256 held-out prompts (192 answerable, 64 unanswerable).
     assert after["accuracy"] - before["accuracy"] >= 0.10, (before, after)
-    assert after["refusal_recall"] >= 0.85 and after["refusal_recall"] > before["refusal_recall"], (before, after)
+    assert after["refusal_recall"] >= min(0.9, before["refusal_recall"] + 0.15), (before, after)
     assert after["false_refusal"] <= 0.10
     for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "eval.json", "report.html"):
         assert (tmp_path / name).exists(), name

@@ -7,9 +7,26 @@ exactly the prompts an uninterrupted run would have seen.
 from __future__ import annotations
 
 import random
-from typing import Protocol, Sequence
+from typing import Iterator, Protocol, Sequence, TypeVar
 
 from grpolab.data.arith import ArithTask, PromptItem
+
+
+T = TypeVar("T")
+
+
+def shuffled_batches(items: Sequence[T], batch_size: int, rng: random.Random) -> Iterator[list[T]]:
+    """Endless batches walking seeded shuffles of `items` (reshuffled each pass). Used by SFT and
+    reward-model training."""
+    order: list[int] = []
+    while True:
+        batch = []
+        while len(batch) < batch_size:
+            if not order:
+                order = list(range(len(items)))
+                rng.shuffle(order)
+            batch.append(items[order.pop()])
+        yield batch
 
 
 class PromptStream(Protocol):

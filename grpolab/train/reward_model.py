@@ -223,15 +223,9 @@ def accumulate_pair_gradients(
 
 def _batches(pairs: Sequence[PrefPair], batch_size: int, rng: random.Random):
     """Endless batches walking seeded shuffles of `pairs` (reshuffled each pass)."""
-    order: list[int] = []
-    while True:
-        batch = []
-        while len(batch) < batch_size:
-            if not order:
-                order = list(range(len(pairs)))
-                rng.shuffle(order)
-            batch.append(pairs[order.pop()])
-        yield batch
+    from grpolab.data.stream import shuffled_batches
+
+    return shuffled_batches(pairs, batch_size, rng)
 
 
 def train_reward_model(

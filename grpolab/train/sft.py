@@ -14,6 +14,7 @@ import torch
 
 from grpolab.algo.losses import agg_normalizer, sft_nll
 from grpolab.data.collate import pack_pairs
+from grpolab.data.stream import shuffled_batches
 from grpolab.models.forward import completion_logprobs
 from grpolab.train.setup import lr_lambda
 
@@ -43,17 +44,11 @@ def train_sft(
     device = next(model.parameters()).device
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda("cosine", max(1, steps // 20), steps))
-    rng = random.Random(seed)
-    order: list[int] = []
+    batches = shuffled_batches(pairs, batch_size, random.Random(seed))
     losses = []
     model.train()
     for step in range(steps):
-        batch = []
-        while len(batch) < batch_size:
-            if not order:
-                order = list(range(len(pairs)))
-                rng.shuffle(order)
-            batch.append(pairs[order.pop()])
+        batch = next(batches)
         packed = pack_pairs(tokenizer, [p for p, _ in batch], [c for _, c in batch])
         normalizer = agg_normalizer(packed.loss_mask, "seq-mean-token-mean")
         opt.zero_grad(set_to_none=True)

@@ -12,6 +12,8 @@ What it does beyond `model.generate`:
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -74,7 +76,7 @@ class HFEngine:
 
     def _forward(self, model, cache=None, **kw):
         if cache is not None:  # transformers 5.x renamed past_key_values to cache
-            kw[_cache_kwarg(model)] = cache
+            kw[_cache_kwarg(type(model))] = cache
         with autocast(self.compute_dtype, str(kw["input_ids"].device)):
             out = model(use_cache=True, logits_to_keep=1, **kw)
         return getattr(out, "cache", None) or out.past_key_values, out.logits[:, -1].float()
@@ -142,10 +144,12 @@ def release_free_memory() -> None:
 _LIBC = None
 
 
-def _cache_kwarg(model) -> str:
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg(model_cls) -> str:
+    """transformers 5.x renamed the forward's past_key_values to cache; looked up once per class."""
     import inspect
 
-    params = inspect.signature(model.forward).parameters
+    params = inspect.signature(model_cls.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 

@@ -8,7 +8,6 @@ with a message naming the field and the fix.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -322,6 +321,3 @@ def dump(cfg: Config, path: str | None = None) -> str:
             f.write(text)
     return text
 
-
-def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)

@@ -6,7 +6,6 @@ of both SFT and GRPO (see grpolab/data/arith.py).
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import time
@@ -19,7 +18,6 @@ from grpolab.data.build import arith_task
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model, count_params
 from grpolab.report.progress import Progress
 from grpolab.rollout.hf import HFEngine
-from grpolab.train import grpo
 from grpolab.train.evaluate import evaluate_arith
 from grpolab.train.run import make_run_dir, train_in_run_dir, write_config, write_eval
 from grpolab.train.setup import build_setup
@@ -145,5 +143,3 @@ def format_table(before: dict, after: dict) -> str:
         lines.append(f"{k:<18}{before[k]:>8.3f}{after[k]:>8.3f}{after[k] - before[k]:>+9.3f}")
     return "\n".join(lines)
 
-
-__all__ = ["demo_config", "run_demo", "DEMO_OVERRIDES", "json"]

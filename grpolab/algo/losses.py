@@ -23,6 +23,11 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constan
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
+def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    """π/π_old per token = exp(logp - old_logp), log-ratio clamped to ±LOG_RATIO_CLAMP. [N, L] -> [N, L]."""
+    return torch.exp((logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
 def _stats(ratio: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"ratio": ratio.detach(), "clipped_low": low.detach(), "clipped_high": high.detach()}
 
@@ -57,7 +62,7 @@ def clipped_surrogate(
     `clipped_low/high` mark tokens where the clip is active (zero gradient).
     """
     assert logp.shape == old_logp.shape and adv.shape == logp.shape[:1], (logp.shape, old_logp.shape, adv.shape)
-    ratio = torch.exp((logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    ratio = importance_ratio(logp, old_logp)
     return _clip_ratio(ratio, adv.unsqueeze(-1), eps_low, eps_high, dual_clip)
 
 
@@ -97,7 +102,7 @@ def weighted_nll(
     With A = ReLU(r) this is rejection-sampling SFT; with A = r it is REINFORCE. The ratio is
     still reported (detached) so the run logs how far π moved from π_old.
     """
-    ratio = torch.exp((logp - old_logp).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    ratio = importance_ratio(logp.detach(), old_logp)
     loss = -adv.unsqueeze(-1) * logp
     none = torch.zeros_like(ratio, dtype=torch.bool)
     return loss, _stats(ratio, none, none)

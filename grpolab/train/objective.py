@@ -11,12 +11,10 @@ from typing import Callable
 
 import torch
 
-from grpolab.algo.losses import LOG_RATIO_CLAMP, POLICY_LOSSES, aggregate, agg_normalizer, kl_penalty
+from grpolab.algo.losses import POLICY_LOSSES, importance_ratio, aggregate, agg_normalizer, kl_penalty
 from grpolab.models.forward import completion_logprobs
 from grpolab.rollout.types import Rollout
 
-# Per-step statistics summed over counted tokens (divided by the token count at the end of a step).
-TOKEN_SUMS = ("kl", "ratio", "clipped_low", "clipped_high", "entropy")
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,7 @@ class Objective:
         if self.kl_coef > 0:
             kl = kl_penalty(logp, micro.ref_logp, self.kl_estimator)
             if self.kl_ratio_weighted:
-                kl = kl * torch.exp((logp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+                kl = kl * importance_ratio(logp, old)
             per_tok = per_tok + self.kl_coef * kl
         if self.entropy_coef > 0:
             per_tok = per_tok - self.entropy_coef * ent

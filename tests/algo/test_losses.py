@@ -267,3 +267,11 @@ def test_property_masks_and_shapes(n, L, mode, seed):
         # changing values at masked-out positions changes nothing
         noisy = torch.where(mask, per_tok, per_tok + 123.0)
         torch.testing.assert_close(aggregate(noisy, mask, mode, agg_normalizer(mask, mode, L)), total)
+
+
+def test_importance_ratio_is_clamped_exp():
+    from grpolab.algo.losses import LOG_RATIO_CLAMP, importance_ratio
+
+    lp = torch.tensor([[0.0, -1.0, 100.0]])
+    old = torch.tensor([[0.0, 0.0, 0.0]])
+    torch.testing.assert_close(importance_ratio(lp, old), torch.tensor([[1.0, math.exp(-1.0), math.exp(LOG_RATIO_CLAMP)]]))

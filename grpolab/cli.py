@@ -123,14 +123,14 @@ def _eval(args) -> int:
     import json
 
     from grpolab import config as C
-    from grpolab.data.build import arith_task
+    from grpolab.data.build import arith_eval_items
     from grpolab.models.loading import load_model
     from grpolab.rollout.hf import HFEngine
     from grpolab.train.evaluate import evaluate_arith
 
     cfg = C.from_preset("grpo", args.overrides)
     model, tok = load_model(args.model)
-    items = arith_task(cfg).eval_items(cfg.data.eval_prompts, seed=cfg.data.seed)
+    items = arith_eval_items(cfg)
     res = evaluate_arith(model, HFEngine(tok, cfg.rollout.max_new_tokens), items)
     print(json.dumps({k: v for k, v in res.items() if k != "examples"}, indent=2))
     return 0

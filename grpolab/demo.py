@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from grpolab import config as C
-from grpolab.data.build import arith_task
+from grpolab.data.build import arith_eval_items, arith_task
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model, count_params
 from grpolab.report.progress import Progress
 from grpolab.rollout.hf import HFEngine
@@ -100,6 +100,7 @@ def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, w_acc: float = 1
 def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True, rewards: str = "rules") -> dict:
     """Runs the whole demo; returns the eval.json payload. rewards: rules (exact match + refusal
     checks) or rm (two learned reward models); evaluation always uses the exact rule checks."""
+    eval_items = arith_eval_items(cfg)  # fails here, before any training, if the held-out side is too small
     torch.manual_seed(cfg.train.seed)
     run_dir = run_dir or make_run_dir(cfg, "demo")
     write_config(cfg, run_dir)
@@ -109,7 +110,6 @@ def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True, re
     if rewards == "rm":
         cfg, rm_acc = with_reward_models(cfg, task, tok, run_dir)
         write_config(cfg, run_dir)
-    eval_items = task.eval_items(cfg.data.eval_prompts, seed=cfg.data.seed)
     engine = HFEngine(tok, cfg.rollout.max_new_tokens)
     before = evaluate_arith(model, engine, eval_items)
     _say(f"[eval] π0: accuracy {before['accuracy']:.3f} refusal_recall {before['refusal_recall']:.3f} "

@@ -142,6 +142,8 @@ CASES = [
      ["train.reward_timeout_s=-1"]),
     ("completion fills the context", lambda t: _setup("rollout.max_new_tokens=64"),
      ["rollout.max_new_tokens=64", "context of 64 tokens"]),
+    ("held-out side too small", lambda t: _cli(t, "demo", "--out", str(t / "demo"), "data.eval_prompts=1000"),
+     ["grpolab: config error:", "data.eval_prompts=1000", "only"]),
     ("resume without out_dir", lambda t: _cli(t, "train", "grpo", *TINY, "--resume"), ["--resume", "run.out_dir"]),
     # ------------------------------------------------------------------ datasets
     ("dataset missing", lambda t: _setup(f"data.source=jsonl:{t}/missing.jsonl"), ["missing.jsonl", "not found"]),

@@ -12,6 +12,18 @@ def arith_task(cfg) -> ArithTask:
                      eval_fraction=d.arith_eval_fraction, answer_lsb_first=d.arith_answer_lsb_first)
 
 
+def arith_eval_items(cfg, task: ArithTask | None = None):
+    """The held-out evaluation prompts of the built-in task (data.eval_prompts of them). Too many
+    for the held-out side is a ConfigError naming the field, raised before any training starts."""
+    from grpolab.config import ConfigError
+
+    try:
+        return (task or arith_task(cfg)).eval_items(cfg.data.eval_prompts, seed=cfg.data.seed)
+    except ValueError as e:
+        raise ConfigError(f"data.eval_prompts={cfg.data.eval_prompts} "
+                          f"(data.arith_unanswerable_share={cfg.data.arith_unanswerable_share}): {e}") from None
+
+
 def prompt_stream(cfg, tokenizer):
     """The GRPO prompt stream of cfg.data.source (seeded by train.seed)."""
     src = cfg.data.source

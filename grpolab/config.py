@@ -246,8 +246,9 @@ class Config:
 
     @property
     def needs_old_logp_pass(self) -> bool:
-        """False when π_new == π_old for every microbatch (1 epoch, 1 minibatch): old = new.detach()."""
-        return self.optimizer_steps_per_step > 1
+        """False with one minibatch per epoch: epoch 0's forward of every row runs under π_old (before
+        its only optimizer step), so Phase B records old_logp there instead of a separate pass."""
+        return self.minibatches_per_epoch > 1
 
     @property
     def agg_constant_tokens_resolved(self) -> int:

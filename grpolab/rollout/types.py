@@ -89,6 +89,20 @@ class Rollout:
         )
 
 
+def scatter_rows(pieces: list[torch.Tensor], idx: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """Puts the per-microbatch [b_i, <=Lc] pieces (rows idx, in order; right-trimmed as `select`
+    leaves them) back into an [N, Lc] float32 tensor. Columns past a piece's width are 0 there;
+    they were trimmed because no row of that microbatch counts them."""
+    out = torch.zeros(shape, dtype=torch.float32)
+    start = 0
+    for piece in pieces:
+        out[idx[start : start + piece.shape[0]], : piece.shape[1]] = piece.float()
+        start += piece.shape[0]
+    if start != len(idx):
+        raise ValueError(f"scatter_rows: pieces hold {start} rows, idx has {len(idx)}")
+    return out
+
+
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding: 0 at each row's first real token. [N, T] -> [N, T]."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

@@ -17,7 +17,7 @@ import torch
 
 from grpolab.models.forward import batched_logprobs
 from grpolab.rollout.hf import decode_completions
-from grpolab.rollout.types import Rollout
+from grpolab.rollout.types import Rollout, scatter_rows
 from grpolab.train.setup import Setup
 from grpolab.train.stats import StepStats, score_rollout
 
@@ -40,7 +40,7 @@ def train(s: Setup) -> list[dict]:
             adv = s.advantage_fn(rewards.view(P, G)).flatten()
             ro = ro.replace(rewards=rewards, advantages=adv, loss_mask=s.train_mask(ro, rewards))
         with torch.no_grad(), st.timer("logprob"):
-            if cfg.needs_old_logp_pass:  # else the ratio is exactly 1: old = new.detach()
+            if cfg.needs_old_logp_pass:  # else Phase B's first minibatch (all rows, under π_old) records it
                 ro = ro.replace(old_logp=batched_logprobs(s.policy, ro, cfg.rollout.temperature, cfg.train.microbatch_size, s.compute_dtype))
             if s.reference is not None:
                 with s.reference() as ref:
@@ -57,7 +57,12 @@ def train(s: Setup) -> list[dict]:
 
 
 def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
-    """epochs × minibatches × microbatches; one optimizer step per minibatch."""
+    """epochs × minibatches × microbatches; one optimizer step per minibatch.
+
+    Without a Phase-A old_logp (one minibatch per epoch), epoch 0 forwards every row under π_old
+    before its only optimizer step (old = new.detach(), ratio ≡ 1); those log-probs are kept as
+    old_logp for the later epochs, so π_old is never forwarded twice.
+    """
     cfg = s.cfg
     n = ro.num_sequences
     for epoch in range(cfg.train.epochs):
@@ -67,10 +72,13 @@ def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
             minibatch = ro.select(mb_idx)
             normalizer = s.objective.normalizer(minibatch.loss_mask)  # fixed before splitting
             s.optimizer.zero_grad(set_to_none=True)
-            loss_sum = 0.0
+            loss_sum, logps = 0.0, []
             for micro_idx in torch.arange(len(mb_idx)).split(cfg.train.microbatch_size):
                 loss, stats = s.objective(s.policy, minibatch.select(micro_idx), normalizer)
                 loss.backward()
                 st.add_micro(stats)
                 loss_sum += float(loss.detach())
+                logps.append(stats["logp"])
+            if ro.old_logp is None:  # this minibatch held every row, forwarded under π_old
+                ro = ro.replace(old_logp=scatter_rows(logps, mb_idx, tuple(ro.loss_mask.shape)))
             s.optimizer_step(st, loss_sum)

@@ -39,8 +39,9 @@ class Objective:
     def __call__(self, model, micro: Rollout, normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Loss of one microbatch (already divided by the minibatch normalizer) and detached stats.
 
-        Stats: token sums of kl, ratio, clipped_low/high, entropy; 'tokens'; ratio_min/ratio_max.
-        On the first microbatch of the first epoch with old_logp = None, ratio ≡ 1 exactly.
+        Stats: token sums of kl, ratio, clipped_low/high, entropy; 'tokens'; ratio_min/ratio_max;
+        'logp' [b, Lc'] the detached token log-probs. With old_logp = None (first epoch, one
+        minibatch), old = new.detach() and the ratio ≡ 1 exactly.
         """
         logp, ent = completion_logprobs(
             model, micro.input_ids, micro.attention_mask, micro.prompt_len, self.temperature,
@@ -71,6 +72,7 @@ class Objective:
             "ratio_min": torch.where(mask, ratio, torch.full_like(ratio, float("inf"))).min(),
             "ratio_max": torch.where(mask, ratio, torch.full_like(ratio, float("-inf"))).max(),
             "loss": loss.detach(),
+            "logp": logp.detach(),
         }
         return loss, stats
 

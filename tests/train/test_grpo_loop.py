@@ -83,6 +83,47 @@ def test_single_minibatch_single_epoch_skips_old_logp_pass():
     assert spy.calls[0]["ratio_min"] == 1.0 == spy.calls[0]["ratio_max"]
 
 
+def test_one_minibatch_per_epoch_records_old_logp_in_epoch_zero(monkeypatch):
+    """μ = 2 with one minibatch: no Phase-A pass; epoch 0 (all rows, before its optimizer step)
+    records π_old's log-probs, and the update equals the one with a separate π_old pass."""
+    from grpolab.models.forward import batched_logprobs
+
+    cfg = _cfg("train.minibatch_size=16", "train.microbatch_size=4", "train.steps=1", "train.max_grad_norm=0")
+    assert cfg.minibatches_per_epoch == 1 and not cfg.needs_old_logp_pass
+    real_learn, results = grpo.learn, []
+    for explicit in (False, True):
+        s = _setup(cfg)
+        s.policy.double()  # fp64: the two paths differ only by float rounding
+        spy = _Spy(s.objective)
+        s.objective = spy
+
+        def learn(setup, ro, st):
+            assert ro.old_logp is None  # Phase A skipped the π_old pass
+            ref = batched_logprobs(setup.policy, ro, cfg.rollout.temperature, 16, None)
+            real_learn(setup, ro.replace(old_logp=ref) if explicit else ro, st)
+
+        monkeypatch.setattr(grpo, "learn", learn)
+        grpo.train(s)
+        if not explicit:
+            # 2 epochs × 4 microbatches: epoch 0 has old = None (ratio ≡ 1), epoch 1 reads the recorded old
+            assert [c["old"] is None for c in spy.calls] == [True] * 4 + [False] * 4
+            assert all(c["ratio_min"] == 1.0 == c["ratio_max"] for c in spy.calls[:4])
+        results.append({k: v.clone() for k, v in s.policy.state_dict().items()})
+    for k in results[0]:
+        torch.testing.assert_close(results[0][k], results[1][k])
+    assert any(not torch.equal(results[0][k], _setup(cfg).policy.state_dict()[k].double()) for k in results[0])
+
+
+def test_scatter_rows_puts_trimmed_pieces_back():
+    from grpolab.rollout.types import scatter_rows
+
+    idx = torch.tensor([2, 0, 3, 1])
+    out = scatter_rows([torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[5.0], [6.0]])], idx, (4, 3))
+    torch.testing.assert_close(out, torch.tensor([[3.0, 4.0, 0.0], [6.0, 0.0, 0.0], [1.0, 2.0, 0.0], [5.0, 0.0, 0.0]]))
+    with pytest.raises(ValueError, match="3 rows"):
+        scatter_rows([torch.zeros(3, 1)], idx, (4, 1))
+
+
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "constant"])
 def test_microbatch_size_does_not_change_the_update(agg):
     """One GRPO step with microbatch 1 and with the whole minibatch give the same weights."""

@@ -167,6 +167,8 @@ class SFTConfig:
     Makes π0 partially competent by design; held-out prompts are never looked at."""
     probe_every: int = 25
     """builtin: SFT steps between two probes."""
+    probe_prompts: int = 256
+    """builtin: answerable training-side prompts in the probe (its accuracy's noise ~ 0.5/sqrt(n))."""
 
 
 @dataclass(frozen=True)

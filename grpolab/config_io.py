@@ -255,6 +255,7 @@ def validate_config(cfg) -> None:
         "train.minibatch_size": t.minibatch_size, "train.microbatch_size": t.microbatch_size,
         "train.world_size": t.world_size, "sft.batch_size": cfg.sft.batch_size,
         "sft.microbatch_size": cfg.sft.microbatch_size, "train.max_skipped_steps": t.max_skipped_steps,
+        "sft.probe_every": cfg.sft.probe_every, "sft.probe_prompts": cfg.sft.probe_prompts,
     }
     for name, v in positive.items():
         if v < 1:

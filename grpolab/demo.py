@@ -27,9 +27,10 @@ from grpolab.train.sft import train_sft
 DEMO_OVERRIDES = [
     "model.hidden_size=128", "model.num_layers=4", "model.num_heads=4",
     "rollout.prompts_per_step=32", "rollout.group_size=8", "rollout.max_new_tokens=8",
-    "train.steps=300", "train.epochs=2", "train.minibatch_size=128", "train.microbatch_size=128",
+    "train.steps=400", "train.epochs=2", "train.minibatch_size=128", "train.microbatch_size=128",
     "train.lr=1e-4", "train.lr_schedule=cosine", "train.warmup_steps=10", "sft.steps=1500", "sft.batch_size=64", "sft.microbatch_size=64", "sft.lr=1e-3",
-    "sft.examples=40000", "sft.refusal_examples=200", "sft.stop_at_accuracy=0.25", "sft.probe_every=10",
+    "sft.examples=40000", "sft.refusal_examples=200", "sft.refusal_kinds=[missing_operand]",
+    "sft.stop_at_accuracy=0.35", "sft.probe_every=10",
     "data.eval_prompts=256", "data.arith_unanswerable_share=0.4",
     "rewards=[exact_match:1.0, refusal:1.0]",
 ]
@@ -64,7 +65,8 @@ def build_pi0(cfg: C.Config, run_dir: Path):
 
     stop_when = None
     if cfg.sft.stop_at_accuracy > 0:  # a probe of TRAINING-side prompts; held-out ones are never seen
-        probe = [it for it in task.train_prompts(random.Random(seed + 7), 256) if it.meta["answerable"]][:128]
+        probe = [it for it in task.train_prompts(random.Random(seed + 7), 4 * cfg.sft.probe_prompts)
+                 if it.meta["answerable"]][: cfg.sft.probe_prompts]
         engine = HFEngine(tok, cfg.rollout.max_new_tokens)
 
         def stop_when(i):

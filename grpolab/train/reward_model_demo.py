@@ -129,7 +129,9 @@ def build_demo_reward_models(
     the score is read at EOS, and comparing each digit with what the backbone predicted for it
     takes a hop these models do not learn in a few hundred pair steps (on the SFT backbone neither
     did 700 steps, lr 1e-4 or 1e-3, 80% number pairs, scoring without EOS, nor 2 extra fresh
-    layers, frozen backbone or not: <= 0.81). Pair the accuracy RM with exact_match when
+    layers, frozen backbone or not: <= 0.81; nor a fresh RM of the policy's size, 0.86M, trained
+    for 2500 steps = 80k pairs, lr 1e-3: number pairs 0.68 / 0.71 / 0.74 / 0.75 / 0.75 at steps
+    500 / 1000 / 1500 / 2000 / 2500, overall 0.88). Pair the accuracy RM with exact_match when
     correctness matters.
     """
     if backbone not in ("sft", "fresh"):

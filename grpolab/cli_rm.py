@@ -35,9 +35,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--microbatch-size", type=int, default=1, help="pairs per forward/backward (accumulated)")
     r.add_argument("--lr", type=float, default=None,
                    help="AdamW learning rate (default 1e-3 for builtin:tiny, else 1e-5)")
-    r.add_argument("--prefix-weight", type=float, default=0.0,
-                   help="weight of the aligned-prefix term of the loss (0 = plain Bradley-Terry); use it only "
-                        "when every chosen prefix past the first differing token is better (true of builtin data)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--device", default="cpu")
     r.add_argument("--system-prompt", default=None, help="system prompt for chat-template rendering")
@@ -115,11 +112,11 @@ def _train(args) -> int:
 
     result = train_reward_model(model, tokenizer, train, steps=steps, epochs=epochs, batch_size=args.batch_size,
                                 microbatch_size=args.microbatch_size, lr=lr, seed=args.seed,
-                                eval_pairs=heldout or None, on_step=on_step, prefix_weight=args.prefix_weight)
+                                eval_pairs=heldout or None, on_step=on_step)
     mean, std = score_stats(model, tokenizer, train)
     info = {"score_mean": mean, "score_std": std, "data": args.data, "base": args.base,
             "heldout_accuracy": result.heldout_accuracy, "heldout_margin": result.heldout_margin,
-            "train_pairs": len(train), "heldout_pairs": len(heldout), "prefix_weight": args.prefix_weight}
+            "train_pairs": len(train), "heldout_pairs": len(heldout)}
     out = save_reward_model(model, tokenizer, args.out, info=info)
     if result.heldout_accuracy is None:
         print("held-out pairwise accuracy: n/a (no held-out pairs)")

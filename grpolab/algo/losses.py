@@ -196,17 +196,3 @@ def pairwise_logsigmoid(chosen: torch.Tensor, rejected: torch.Tensor, margin: fl
     """
     assert chosen.shape == rejected.shape and chosen.dim() == 1, (chosen.shape, rejected.shape)
     return -F.logsigmoid(chosen - rejected - margin)
-
-
-def prefix_pairwise_logsigmoid(chosen: torch.Tensor, rejected: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Pairwise loss on aligned prefixes: per pair, the mean over the counted positions k of
-    -log σ(s_chosen[k] - s_rejected[k]), where s[k] is the score read at token k (having seen
-    tokens 0..k). The caller counts the positions from the first token where the two sequences
-    differ to the end of the shorter one: past that point every chosen prefix is preferred.
-
-    chosen, rejected: [B, T] per-position scores; mask: [B, T] bool (True = counts). Returns [B]
-    (0 for a pair with no counted position).
-    """
-    assert chosen.shape == rejected.shape == mask.shape and chosen.dim() == 2, (chosen.shape, rejected.shape, mask.shape)
-    per_pos = -F.logsigmoid(chosen - rejected) * mask
-    return per_pos.sum(-1) / mask.sum(-1).clamp(min=1)

@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from grpolab.algo.losses import pairwise_logsigmoid, prefix_pairwise_logsigmoid
+from grpolab.algo.losses import pairwise_logsigmoid
 from grpolab.data.preferences import PrefPair
 from grpolab.train.setup import lr_lambda
 
@@ -88,33 +88,6 @@ def score_ids(model, seqs: Sequence[Sequence[int]]) -> torch.Tensor:
     ids, mask = pad_right(seqs, model.config.pad_token_id)
     out = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
     return out.logits[:, 0].float()
-
-
-def position_scores(model, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward over right-padded `seqs`, the score head applied at EVERY position (what the
-    model would score if the text ended there). Decoder RMs only (`*ForSequenceClassification`
-    with a `score` head: a causal backbone, so position k has seen tokens 0..k).
-    Returns scores [N, T] float32 (with grad if enabled) and attention_mask [N, T] int64."""
-    head = getattr(model, "score", None)
-    if not isinstance(head, torch.nn.Module) or not getattr(model.config, "is_decoder", True) or \
-            getattr(model.config, "model_type", "") in ("bert", "roberta", "distilbert", "deberta", "deberta-v2"):
-        raise ValueError(f"reward model: prefix_weight > 0 needs a decoder reward model with a `score` head, "
-                         f"got {type(model).__name__}")
-    device = next(model.parameters()).device
-    ids, mask = pad_right(seqs, model.config.pad_token_id)
-    hidden = model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).last_hidden_state
-    return head(hidden)[..., 0].float(), mask
-
-
-def prefix_mask(chosen: Sequence[Sequence[int]], rejected: Sequence[Sequence[int]], width: int) -> torch.Tensor:
-    """[B, width] bool: for pair i, positions from the first token where chosen[i] and rejected[i]
-    differ to the last position both have (see algo.losses.prefix_pairwise_logsigmoid)."""
-    mask = torch.zeros((len(chosen), width), dtype=torch.bool)
-    for i, (c, r) in enumerate(zip(chosen, rejected)):
-        end = min(len(c), len(r))
-        d = next((k for k in range(end) if c[k] != r[k]), end)
-        mask[i, d:end] = True
-    return mask
 
 
 @torch.no_grad()
@@ -228,17 +201,11 @@ class RMResult:
 
 
 def accumulate_pair_gradients(
-    model, tokenizer, batch: Sequence[PrefPair], *, microbatch_size: int, append_eos: bool | None = None,
-    prefix_weight: float = 0.0,
+    model, tokenizer, batch: Sequence[PrefPair], *, microbatch_size: int, append_eos: bool | None = None
 ) -> float:
-    """Adds to `.grad` the gradient of mean_i loss_i over `batch`, in microbatches of
-    `microbatch_size` pairs (one forward each, chosen and rejected together), where
-    loss_i = -log σ(s_chosen_i - s_rejected_i) + prefix_weight · (the same loss on aligned prefixes
-    past the first differing token: algo.losses.prefix_pairwise_logsigmoid). The prefix term is for
-    data where every prefix of the chosen completion past that point is the better one (true of the
-    built-in pairs: a prefix that went wrong stays wrong); it gives a direct gradient at the token
-    where the two completions part. Returns the batch loss. The caller zeroes the gradients and
-    steps the optimizer."""
+    """Adds to `.grad` the gradient of mean_i -log σ(s_chosen_i - s_rejected_i) over `batch`,
+    in microbatches of `microbatch_size` pairs (one forward each, chosen and rejected together).
+    Returns the batch loss. The caller zeroes the gradients and steps the optimizer."""
     eos = default_append_eos(tokenizer) if append_eos is None else append_eos
     normalizer = len(batch)  # fixed before splitting: gradients do not depend on the microbatch size
     total = 0.0
@@ -247,15 +214,8 @@ def accumulate_pair_gradients(
         m = len(micro)
         seqs = encode_texts(tokenizer, [p.prompt for p in micro] * 2,
                             [p.chosen for p in micro] + [p.rejected for p in micro], append_eos=eos)
-        if prefix_weight > 0:
-            pos, attn = position_scores(model, seqs)  # [2m, T]: chosen rows, then rejected rows
-            scores = pos[torch.arange(2 * m), attn.sum(-1) - 1]  # the last real token: what HF pools
-            per_pair = pairwise_logsigmoid(scores[:m], scores[m:]) + prefix_weight * prefix_pairwise_logsigmoid(
-                pos[:m], pos[m:], prefix_mask(seqs[:m], seqs[m:], pos.shape[1]).to(pos.device))
-        else:
-            scores = score_ids(model, seqs)  # [2m]: chosen rows, then rejected rows
-            per_pair = pairwise_logsigmoid(scores[:m], scores[m:])
-        loss = per_pair.sum() / normalizer
+        scores = score_ids(model, seqs)  # [2m]: chosen rows, then rejected rows
+        loss = pairwise_logsigmoid(scores[:m], scores[m:]).sum() / normalizer
         loss.backward()
         total += float(loss.detach())
     return total
@@ -283,14 +243,11 @@ def train_reward_model(
     max_grad_norm: float = 1.0,
     eval_pairs: Sequence[PrefPair] | None = None,
     on_step: Callable[[int, float], None] | None = None,
-    prefix_weight: float = 0.0,
 ) -> RMResult:
     """Trains `model` in place with AdamW (no weight decay), linear warmup then cosine decay.
 
     Give `steps` (optimizer steps) or `epochs` (passes over `pairs`: steps = ceil(epochs*len/batch)).
     batch_size / microbatch_size count pairs; batch_size must be a multiple of microbatch_size.
-    prefix_weight: weight of the aligned-prefix term (see accumulate_pair_gradients; 0 = plain
-    Bradley-Terry on the final scores).
     """
     if (steps is None) == (epochs is None):
         raise ValueError("train_reward_model: give exactly one of steps or epochs")
@@ -299,8 +256,6 @@ def train_reward_model(
     if microbatch_size < 1 or batch_size % microbatch_size:
         raise ValueError(f"train_reward_model: batch_size={batch_size} is not a multiple of "
                          f"microbatch_size={microbatch_size}")
-    if prefix_weight < 0:
-        raise ValueError(f"train_reward_model: prefix_weight must be >= 0, got {prefix_weight}")
     if steps is None:
         steps = math.ceil(epochs * len(pairs) / batch_size)
     t0 = time.perf_counter()
@@ -313,8 +268,7 @@ def train_reward_model(
     model.train()
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
-        loss = accumulate_pair_gradients(model, tokenizer, next(batches), microbatch_size=microbatch_size,
-                                         prefix_weight=prefix_weight)
+        loss = accumulate_pair_gradients(model, tokenizer, next(batches), microbatch_size=microbatch_size)
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         opt.step()
         sched.step()

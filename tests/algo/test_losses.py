@@ -13,7 +13,6 @@ from grpolab.algo.losses import (
     kl_penalty,
     masked_mean,
     pairwise_logsigmoid,
-    prefix_pairwise_logsigmoid,
     sequence_clipped_surrogate,
     sft_nll,
     weighted_nll,
@@ -155,14 +154,6 @@ def test_sft_nll_is_per_response_mean_then_batch_mean():
     mask = torch.tensor([[True, True, False], [True, False, False]])
     expected = ((-math.log(0.5) - math.log(0.25)) / 2 + (-math.log(0.125))) / 2
     torch.testing.assert_close(sft_nll(logp, mask), torch.tensor(expected))
-
-
-def test_prefix_pairwise_logsigmoid_averages_the_counted_positions():
-    c = torch.tensor([[0.0, 2.0, 1.0], [5.0, 5.0, 5.0]])
-    r = torch.tensor([[0.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
-    mask = torch.tensor([[False, True, True], [False, False, False]])
-    want0 = (math.log1p(math.exp(-1.0)) + math.log(2.0)) / 2
-    torch.testing.assert_close(prefix_pairwise_logsigmoid(c, r, mask), torch.tensor([want0, 0.0]))
 
 
 def test_pairwise_logsigmoid():

@@ -69,13 +69,13 @@ def test_the_scored_token_is_the_last_real_token(tok):
     assert model.config.pad_token_id == tok.pad_token_id and model.config.num_labels == 1
 
 
-@pytest.mark.parametrize("dtype,prefix_weight", [(torch.float32, 0.0), (torch.float64, 0.0), (torch.float32, 0.5)])
-def test_gradient_does_not_depend_on_the_microbatch_size(tok, dtype, prefix_weight):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradient_does_not_depend_on_the_microbatch_size(tok, dtype):
     grads = {}
     for micro in (1, 8, 4):
         model = rm(tok, dtype=dtype).train()
         model.zero_grad(set_to_none=True)
-        loss = accumulate_pair_gradients(model, tok, PAIRS, microbatch_size=micro, prefix_weight=prefix_weight)
+        loss = accumulate_pair_gradients(model, tok, PAIRS, microbatch_size=micro)
         grads[micro] = (loss, [p.grad.clone() for p in model.parameters()])
     for micro in (1, 4):
         assert grads[micro][0] == pytest.approx(grads[8][0], rel=1e-6)
@@ -91,27 +91,6 @@ def test_loss_is_the_mean_pairwise_logsigmoid(tok):
     c = score_texts(model, tok, prompts, [p.chosen for p in PAIRS[:3]])
     r = score_texts(model, tok, prompts, [p.rejected for p in PAIRS[:3]])
     assert loss == pytest.approx(float(torch.nn.functional.softplus(r - c).mean()), rel=1e-5)
-
-
-def test_prefix_term_compares_aligned_prefixes_past_the_first_difference(tok):
-    """loss = BT on the final scores + w · mean over positions [d, min(len)) of BT on the scores
-    read at each position (d = first differing token), checked against separate forwards."""
-    model = rm(tok).train()
-    pair = PrefPair("12+7=", "91", "9")  # tokens differ at the first completion character after "9"
-    w = 0.5
-    loss = accumulate_pair_gradients(model, tok, [pair], microbatch_size=1, prefix_weight=w)
-    (c_ids, r_ids) = encode_texts(tok, [pair.prompt] * 2, [pair.chosen, pair.rejected], append_eos=True)
-    with torch.no_grad():
-        sc = [float(score_ids(model, [c_ids[: k + 1]])[0]) for k in range(len(c_ids))]
-        sr = [float(score_ids(model, [r_ids[: k + 1]])[0]) for k in range(len(r_ids))]
-    d = next(k for k in range(min(len(c_ids), len(r_ids))) if c_ids[k] != r_ids[k])
-    ks = range(d, min(len(c_ids), len(r_ids)))
-    assert len(ks) >= 1
-    sp = torch.nn.functional.softplus
-    want = float(sp(torch.tensor(sr[-1] - sc[-1]))) + w * sum(float(sp(torch.tensor(sr[k] - sc[k]))) for k in ks) / len(ks)
-    assert loss == pytest.approx(want, rel=1e-5)
-    with pytest.raises(ValueError, match="prefix_weight"):
-        train_reward_model(model, tok, PAIRS, steps=1, batch_size=8, microbatch_size=8, prefix_weight=-1)
 
 
 def test_training_learns_refusal_and_generalizes_to_heldout_prompts(tok):

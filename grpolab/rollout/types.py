@@ -93,7 +93,9 @@ def scatter_rows(pieces: list[torch.Tensor], idx: torch.Tensor, shape: tuple[int
     """Puts the per-microbatch [b_i, <=Lc] pieces (rows idx, in order; right-trimmed as `select`
     leaves them) back into an [N, Lc] float32 tensor. Columns past a piece's width are 0 there;
     they were trimmed because no row of that microbatch counts them."""
-    out = torch.zeros(shape, dtype=torch.float32)
+    device = pieces[0].device if pieces else idx.device
+    out = torch.zeros(shape, dtype=torch.float32, device=device)
+    idx = idx.to(device)
     start = 0
     for piece in pieces:
         out[idx[start : start + piece.shape[0]], : piece.shape[1]] = piece.float()

@@ -223,9 +223,14 @@ class SkipEmptyRows:
         keep = micro.loss_mask.any(-1).nonzero().squeeze(-1)
         if keep.numel() == 0:  # keep one row so the loss (exactly 0) still has a graph to backward
             keep = torch.zeros(1, dtype=torch.long)
-        if keep.numel() < micro.num_sequences:
-            micro = micro.select(keep)
-        return self.objective(model, micro, normalizer)
+        if keep.numel() == micro.num_sequences:
+            return self.objective(model, micro, normalizer)
+        n, width = micro.num_sequences, micro.loss_mask.shape[1]
+        loss, stats = self.objective(model, micro.select(keep), normalizer)
+        logp = stats["logp"]  # rows of `keep` only: skipped rows get 0 (they never count)
+        stats["logp"] = logp.new_zeros((n, width)).index_copy(0, keep.to(logp.device),
+                                                              torch.nn.functional.pad(logp, (0, width - logp.shape[1])))
+        return loss, stats
 
 
 def deadline(minutes: float):

@@ -79,6 +79,6 @@ def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
                 st.add_micro(stats)
                 loss_sum += float(loss.detach())
                 logps.append(stats["logp"])
-            if ro.old_logp is None:  # this minibatch held every row, forwarded under π_old
+            if ro.old_logp is None and epoch + 1 < cfg.train.epochs:  # every row, forwarded under π_old
                 ro = ro.replace(old_logp=scatter_rows(logps, mb_idx, tuple(ro.loss_mask.shape)))
             s.optimizer_step(st, loss_sum)

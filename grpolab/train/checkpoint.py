@@ -379,6 +379,7 @@ class CheckpointHook:
         self.root = self.run_dir / CHECKPOINTS
         self.done = setup.start_step  # completed steps
         self.last: Path | None = loaded_from
+        self.saved_step: int | None = setup.start_step if loaded_from is not None else None
         self._mark_boundary()
 
     def __call__(self, step: int, row: dict, *rest: Any) -> None:
@@ -394,6 +395,7 @@ class CheckpointHook:
         flush = (self.run_dir / "metrics.jsonl", self.run_dir / "samples.jsonl")
         self.last = save_checkpoint(s, self.root, self.done, s.cfg.run.keep_checkpoints,
                                     reference_from=self.last, flush=flush)
+        self.saved_step = self.done
         if s.progress is not None:
             s.progress.log(f"saved checkpoint {self.last}")
         return self.last

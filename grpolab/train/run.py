@@ -123,6 +123,8 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
         if setup.progress is not None:
             setup.progress.close()
     if stop.requested:
+        if hook.saved_step != hook.done:  # the signal came after the step's hook had looked
+            hook.save()
         print(f"grpolab: stopped by {stop.signame} after {hook.done} of {setup.cfg.train.steps} steps; "
               f"checkpoint {hook.last}. Continue with the same command plus --resume.", file=sys.stderr)
         return 128 + stop.signum

@@ -249,6 +249,24 @@ def test_stop_signal_sets_a_flag_then_a_second_one_interrupts():
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
 
 
+def test_a_signal_after_the_step_hook_looked_still_saves_that_step(tmp_path, monkeypatch, capsys):
+    """The race of a SIGTERM landing after the checkpoint hook checked for a stop but before the
+    loop did: the loop ends, and the completed step is saved all the same."""
+    real_call = ck.CheckpointHook.__call__
+
+    def call_then_signal(self, step, *rest):
+        real_call(self, step, *rest)
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+
+    monkeypatch.setattr(ck.CheckpointHook, "__call__", call_then_signal)
+    s = build_setup(_cfg("train.steps=5", "run.checkpoint_every=0"))
+    assert train_in_run_dir(s, tmp_path) == 128 + signal.SIGTERM
+    assert [p.name for p in ck.complete_checkpoints(tmp_path / "checkpoints")] == ["step-2"]
+    assert "stopped by SIGTERM after 2 of 5 steps; checkpoint" in capsys.readouterr().err
+
+
 def test_sigterm_finishes_the_step_saves_and_exits(tmp_path):
     """A real `grpolab train` process gets SIGTERM mid-run: it finishes the step, checkpoints it,
     says so and exits 128 + 15; --resume then continues from that step."""

@@ -7,10 +7,19 @@ import sys
 from pathlib import Path
 
 
+def _threads(cfg):
+    """Applies run.threads (0 = leave torch's default); returns cfg."""
+    if cfg.run.threads > 0:
+        import torch
+
+        torch.set_num_threads(cfg.run.threads)
+    return cfg
+
+
 def _demo(args) -> int:
     from grpolab.demo import demo_config, run_demo
 
-    cfg = demo_config(quick=args.quick, seed=args.seed, overrides=args.overrides)
+    cfg = _threads(demo_config(quick=args.quick, seed=args.seed, overrides=args.overrides))
     if args.out:
         cfg = cfg.replace(**{"run.out_dir": args.out})
     run_demo(cfg, report=not args.no_report, rewards=args.rewards)
@@ -52,7 +61,7 @@ def _train_run(args) -> int:
     from grpolab.train.run import make_run_dir, train_in_run_dir, write_config
     from grpolab.train.setup import build_setup
 
-    cfg = _load_cfg(args)
+    cfg = _threads(_load_cfg(args))
     if args.resume:
         cfg = cfg.replace(**{"run.resume": cfg.run.resume or "auto"})
     if cfg.loss.policy_loss == "sft":
@@ -115,7 +124,7 @@ def _sft(args) -> int:
     from grpolab import config as C
 
     base = args.config or "sft"
-    cfg = C.from_preset(base, args.overrides) if base in C.PRESETS else C.load(base, args.overrides)
+    cfg = _threads(C.from_preset(base, args.overrides) if base in C.PRESETS else C.load(base, args.overrides))
     return _sft_from_cfg(cfg.replace(**{"loss.policy_loss": "sft"}))
 
 
@@ -128,7 +137,7 @@ def _eval(args) -> int:
     from grpolab.rollout.hf import HFEngine
     from grpolab.train.evaluate import evaluate_arith
 
-    cfg = C.from_preset("grpo", args.overrides)
+    cfg = _threads(C.from_preset("grpo", args.overrides))
     model, tok = load_model(args.model)
     items = arith_eval_items(cfg)
     res = evaluate_arith(model, HFEngine(tok, cfg.rollout.max_new_tokens), items)

@@ -207,6 +207,10 @@ class RunConfig:
     """Show progress (rich on a terminal, plain lines otherwise)."""
     peak_tflops: float = 0.0
     """Peak TFLOP/s used for model FLOP utilisation; 0 = measure a GEMM once at start."""
+    threads: int = 0
+    """torch intra-op CPU threads of this process; 0 = torch's default (one per core). On a machine
+    shared with other torch processes use 1: here, two threads per process on two busy cores made
+    each step 3-5x slower."""
 
 
 @dataclass(frozen=True)

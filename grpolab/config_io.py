@@ -263,7 +263,7 @@ def validate_config(cfg) -> None:
     nonneg = {"train.steps": t.steps, "loss.kl_coef": lo.kl_coef, "loss.clip_eps_low": lo.clip_eps_low,
               "loss.clip_eps_high": lo.clip_eps_high, "train.warmup_steps": t.warmup_steps,
               "train.max_grad_norm": t.max_grad_norm, "loss.entropy_coef": lo.entropy_coef,
-              "sft.steps": cfg.sft.steps, "loss.std_eps": lo.std_eps}
+              "sft.steps": cfg.sft.steps, "loss.std_eps": lo.std_eps, "run.threads": cfg.run.threads}
     for name, v in nonneg.items():
         if v < 0:
             raise _err(f"{name}={v} must be ≥ 0")

@@ -94,12 +94,10 @@ def _refuse_to_overwrite(cfg, run_dir: Path) -> None:
 
 
 def _sft_from_cfg(cfg) -> int:
-    import random
-
     from grpolab.data.build import arith_task
     from grpolab.train.run import make_run_dir, write_config
     from grpolab.train.setup import load_policy
-    from grpolab.train.sft import train_sft
+    from grpolab.train.sft import sft_builtin, train_sft
 
     run_dir = make_run_dir(cfg, "sft")
     write_config(cfg, run_dir)
@@ -108,12 +106,11 @@ def _sft_from_cfg(cfg) -> int:
         from grpolab.data.sources import load_sft_pairs
 
         pairs = load_sft_pairs(cfg.data.source.partition(":")[2], tokenizer=tok, system_prompt=cfg.data.system_prompt)
-    else:
-        pairs = arith_task(cfg).sft_examples(random.Random(cfg.train.seed), cfg.sft.examples,
-                                             refusal_examples=cfg.sft.refusal_examples, answer_noise=cfg.sft.answer_noise)
-    losses = train_sft(model, tok, pairs, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
-                       microbatch_size=cfg.sft.microbatch_size, lr=cfg.sft.lr, seed=cfg.train.seed,
-                       on_step=lambda i, loss: print(f"[sft] step {i + 1} loss {loss:.4f}") if (i + 1) % 50 == 0 else None)
+        losses = train_sft(model, tok, pairs, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
+                           microbatch_size=cfg.sft.microbatch_size, lr=cfg.sft.lr, seed=cfg.train.seed,
+                           on_step=lambda i, loss: print(f"[sft] step {i + 1} loss {loss:.4f}") if (i + 1) % 50 == 0 else None)
+    else:  # the built-in task: refusal kinds and the early stop on a training-side probe as in the demo
+        losses = sft_builtin(model, tok, arith_task(cfg), cfg)
     model.save_pretrained(run_dir / "final")
     tok.save_pretrained(run_dir / "final")
     print(f"final loss {losses[-1]:.4f}; run directory: {run_dir}")

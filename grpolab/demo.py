@@ -6,7 +6,6 @@ of both SFT and GRPO (see grpolab/data/arith.py).
 
 from __future__ import annotations
 
-import random
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from grpolab.rollout.hf import HFEngine
 from grpolab.train.evaluate import evaluate_arith
 from grpolab.train.run import make_run_dir, train_in_run_dir, write_config, write_eval
 from grpolab.train.setup import build_setup
-from grpolab.train.sft import train_sft
+from grpolab.train.sft import sft_builtin
 
 # The demo's settings on top of the grpo_no_kl preset (a KL term can be added with loss.kl_coef=...).
 DEMO_OVERRIDES = [
@@ -48,36 +47,12 @@ def _say(msg: str) -> None:
 
 def build_pi0(cfg: C.Config, run_dir: Path):
     """Tiny model + tokenizer, SFT'd briefly on the task's training side (few refusal examples)."""
-    seed = cfg.train.seed
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, hidden_size=cfg.model.hidden_size, num_layers=cfg.model.num_layers,
-                             num_heads=cfg.model.num_heads, seed=seed)
+                             num_heads=cfg.model.num_heads, seed=cfg.train.seed)
     task = arith_task(cfg)
-    pairs = task.sft_examples(random.Random(seed), cfg.sft.examples, refusal_examples=cfg.sft.refusal_examples,
-                              answer_noise=cfg.sft.answer_noise, refusal_kinds=cfg.sft.refusal_kinds or None)
-    _say(f"[demo] model: {count_params(model) / 1e6:.2f}M params; SFT on {len(pairs)} examples "
-         f"({cfg.sft.refusal_examples} refusals) for {cfg.sft.steps} steps")
-    t = time.perf_counter()
-
-    def on_step(i, loss):
-        if (i + 1) % 50 == 0 or i + 1 == cfg.sft.steps:
-            _say(f"[sft] step {i + 1}/{cfg.sft.steps} loss {loss:.4f} ({time.perf_counter() - t:.0f} s)")
-
-    stop_when = None
-    if cfg.sft.stop_at_accuracy > 0:  # a probe of TRAINING-side prompts; held-out ones are never seen
-        probe = [it for it in task.train_prompts(random.Random(seed + 7), 4 * cfg.sft.probe_prompts)
-                 if it.meta["answerable"]][: cfg.sft.probe_prompts]
-        engine = HFEngine(tok, cfg.rollout.max_new_tokens)
-
-        def stop_when(i):
-            acc = evaluate_arith(model, engine, probe)["accuracy"]
-            _say(f"[sft] step {i + 1}: training-side probe accuracy {acc:.3f}")
-            return acc >= cfg.sft.stop_at_accuracy
-
-    losses = train_sft(model, tok, pairs, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
-                       microbatch_size=cfg.sft.microbatch_size, lr=cfg.sft.lr, seed=seed, on_step=on_step,
-                       stop_when=stop_when, check_every=cfg.sft.probe_every)
-    _say(f"[sft] done after {len(losses)} steps ({time.perf_counter() - t:.0f} s)")
+    _say(f"[demo] model: {count_params(model) / 1e6:.2f}M params")
+    sft_builtin(model, tok, task, cfg, say=_say)
     model.save_pretrained(run_dir / "pi0")
     tok.save_pretrained(run_dir / "pi0")
     return model, tok, task

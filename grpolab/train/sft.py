@@ -73,3 +73,43 @@ def train_sft(
             if stop:
                 break
     return losses
+
+
+def sft_builtin(model, tokenizer, task, cfg, say: Callable[[str], None] = print) -> list[float]:
+    """SFT of `model` on the built-in task's TRAINING side as `cfg.sft` says: `examples` drawn with
+    `refusal_examples` refusals (of `refusal_kinds`), stopping early once greedy accuracy on a probe
+    of `probe_prompts` training-side prompts reaches `stop_at_accuracy` (checked every `probe_every`
+    steps; 0 = run all `steps`). Held-out prompts are never looked at. Returns the step losses."""
+    import time
+
+    from grpolab.rollout.hf import HFEngine
+    from grpolab.train.evaluate import evaluate_arith
+
+    sc, seed = cfg.sft, cfg.train.seed
+    pairs = task.sft_examples(random.Random(seed), sc.examples, refusal_examples=sc.refusal_examples,
+                              answer_noise=sc.answer_noise, refusal_kinds=sc.refusal_kinds or None)
+    say(f"[sft] {len(pairs)} examples ({sc.refusal_examples} refusals), at most {sc.steps} steps")
+    t = time.perf_counter()
+
+    def on_step(i, loss):
+        if (i + 1) % 50 == 0 or i + 1 == sc.steps:
+            say(f"[sft] step {i + 1}/{sc.steps} loss {loss:.4f} ({time.perf_counter() - t:.0f} s)")
+
+    stop_when = None
+    if sc.stop_at_accuracy > 0:
+        probe = [it for it in task.train_prompts(random.Random(seed + 7), 4 * sc.probe_prompts)
+                 if it.meta["answerable"]][: sc.probe_prompts]
+        engine = HFEngine(tokenizer, cfg.rollout.max_new_tokens)
+
+        def probe_reached(i):
+            acc = evaluate_arith(model, engine, probe)["accuracy"]
+            say(f"[sft] step {i + 1}: training-side probe accuracy {acc:.3f}")
+            return acc >= sc.stop_at_accuracy
+
+        stop_when = probe_reached
+
+    losses = train_sft(model, tokenizer, pairs, steps=sc.steps, batch_size=sc.batch_size,
+                       microbatch_size=sc.microbatch_size, lr=sc.lr, seed=seed, on_step=on_step,
+                       stop_when=stop_when, check_every=sc.probe_every)
+    say(f"[sft] done after {len(losses)} steps ({time.perf_counter() - t:.0f} s)")
+    return losses

@@ -8,6 +8,7 @@ sequence count) is fixed before splitting, so the gradient does not depend on th
 from __future__ import annotations
 
 import random
+import time
 from typing import Callable, Sequence
 
 import torch
@@ -80,8 +81,6 @@ def sft_builtin(model, tokenizer, task, cfg, say: Callable[[str], None] = print)
     `refusal_examples` refusals (of `refusal_kinds`), stopping early once greedy accuracy on a probe
     of `probe_prompts` training-side prompts reaches `stop_at_accuracy` (checked every `probe_every`
     steps; 0 = run all `steps`). Held-out prompts are never looked at. Returns the step losses."""
-    import time
-
     from grpolab.rollout.hf import HFEngine
     from grpolab.train.evaluate import evaluate_arith
 

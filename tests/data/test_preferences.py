@@ -2,32 +2,10 @@ import json
 import random
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from grpolab.data.arith import EVAL, REFUSAL, TRAIN, ArithTask
 from grpolab.data.preferences import DataError, PrefPair, accuracy_pairs, load_pairs, refusal_pairs
 from grpolab.rewards.rules import is_integer
-
-TEMPLATE = (
-    "{% for m in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nDEFAULT<|im_end|>\n' }}{% endif %}"
-    "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    specials = ["<|im_start|>", "<|im_end|>"]
-    core = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(specials + sorted(alphabet))}, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    t = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|im_end|>",
-                                additional_special_tokens=["<|im_start|>"])
-    t.chat_template = TEMPLATE
-    return t
 
 
 @pytest.fixture(scope="module")

@@ -233,6 +233,13 @@ def _shares(rng: random.Random, n: int, share: float) -> list[bool]:
     return flags
 
 
+def _refuse_pair(rng: random.Random, una: list[list[PromptItem]], p_number: float) -> PrefPair:
+    """An unanswerable prompt: chosen = the refusal, rejected = a number (p_number) or junk."""
+    item = _draw(rng, una, "unanswerable")
+    rejected = _other_number(rng, None) if rng.random() < p_number else _junk(rng, None)
+    return PrefPair(item.prompt, REFUSAL, rejected)
+
+
 def accuracy_pairs(
     task: ArithTask,
     rng: random.Random,
@@ -253,9 +260,7 @@ def accuracy_pairs(
     pairs = []
     for unanswerable in _shares(rng, n, share):
         if unanswerable:
-            item = _draw(rng, una, "unanswerable")
-            rejected = _other_number(rng, None) if rng.random() < 0.6 else _junk(rng, None)
-            pairs.append(PrefPair(item.prompt, REFUSAL, rejected))
+            pairs.append(_refuse_pair(rng, una, 0.6))
             continue
         item = _draw(rng, ans, "answerable")
         answer, u = item.meta["answer"], rng.random()
@@ -288,9 +293,7 @@ def refusal_pairs(
     pairs = []
     for unanswerable in _shares(rng, n, unanswerable_share):
         if unanswerable:
-            item = _draw(rng, una, "unanswerable")
-            rejected = _other_number(rng, None) if rng.random() < 0.7 else _junk(rng, None)
-            pairs.append(PrefPair(item.prompt, REFUSAL, rejected))
+            pairs.append(_refuse_pair(rng, una, 0.7))
         else:
             item = _draw(rng, ans, "answerable")
             answer = item.meta["answer"]

@@ -250,7 +250,7 @@ def load_model(
     native bf16, else fp32; for models that are not trained). The model is returned in eval mode.
     A tokenizer without a pad token gets pad = eos.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     torch_dtype = resolve_dtype(dtype, device)
     path = resolve_model_path(name_or_path)

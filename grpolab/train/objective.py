@@ -16,7 +16,6 @@ from grpolab.models.forward import completion_logprobs
 from grpolab.rollout.types import Rollout
 
 
-
 @dataclass(frozen=True)
 class Objective:
     policy_loss: Callable

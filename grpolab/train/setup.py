@@ -11,7 +11,6 @@ import contextlib
 import copy
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import torch

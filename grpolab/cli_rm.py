@@ -35,6 +35,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--microbatch-size", type=int, default=1, help="pairs per forward/backward (accumulated)")
     r.add_argument("--lr", type=float, default=None,
                    help="AdamW learning rate (default 1e-3 for builtin:tiny, else 1e-5)")
+    r.add_argument("--lm-coef", type=float, default=0.0,
+                   help="weight of an auxiliary LM loss on the chosen completion (decoder RMs; "
+                   "helps an RM that must check the answer itself, e.g. builtin:accuracy)")
+    r.add_argument("--divergence-coef", type=float, default=0.0,
+                   help="weight of the pairwise loss at the first token where chosen and rejected part "
+                   "(decoder RMs)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--device", default="cpu")
     r.add_argument("--system-prompt", default=None, help="system prompt for chat-template rendering")
@@ -112,11 +118,13 @@ def _train(args) -> int:
 
     result = train_reward_model(model, tokenizer, train, steps=steps, epochs=epochs, batch_size=args.batch_size,
                                 microbatch_size=args.microbatch_size, lr=lr, seed=args.seed,
-                                eval_pairs=heldout or None, on_step=on_step)
+                                eval_pairs=heldout or None, on_step=on_step, lm_coef=args.lm_coef,
+                                divergence_coef=args.divergence_coef)
     mean, std = score_stats(model, tokenizer, train)
     info = {"score_mean": mean, "score_std": std, "data": args.data, "base": args.base,
             "heldout_accuracy": result.heldout_accuracy, "heldout_margin": result.heldout_margin,
-            "train_pairs": len(train), "heldout_pairs": len(heldout)}
+            "train_pairs": len(train), "heldout_pairs": len(heldout),
+            "lm_coef": args.lm_coef, "divergence_coef": args.divergence_coef}
     out = save_reward_model(model, tokenizer, args.out, info=info)
     if result.heldout_accuracy is None:
         print("held-out pairwise accuracy: n/a (no held-out pairs)")

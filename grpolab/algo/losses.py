@@ -196,3 +196,34 @@ def pairwise_logsigmoid(chosen: torch.Tensor, rejected: torch.Tensor, margin: fl
     """
     assert chosen.shape == rejected.shape and chosen.dim() == 1, (chosen.shape, rejected.shape)
     return -F.logsigmoid(chosen - rejected - margin)
+
+
+def divergence_pairwise_logsigmoid(
+    chosen_scores: torch.Tensor,
+    rejected_scores: torch.Tensor,
+    chosen_ids: torch.Tensor,
+    rejected_ids: torch.Tensor,
+    chosen_mask: torch.Tensor,
+    rejected_mask: torch.Tensor,
+) -> torch.Tensor:
+    """Bradley-Terry loss at the first token where chosen and rejected part: a dense RM signal.
+
+    A decoder reward model gives a score at every position (the score head applied to each hidden
+    state). Up to the first differing token the two sequences are the same text, so their scores
+    are equal; at that token the chosen continuation should already score higher. Per pair:
+    -log σ(s_chosen[t] - s_rejected[t]) with t the first position where the ids differ and both
+    rows are real tokens; 0 for pairs with no such position (identical rows, or one row a strict
+    prefix of the other that ends there without EOS).
+
+    *_scores: [B, T] float; *_ids: [B, T] int (right-padded to one width); *_mask: [B, T] bool or
+    int, True/1 = real token. Returns [B] (sum and divide by the batch's pair count).
+    """
+    assert chosen_scores.shape == rejected_scores.shape == chosen_ids.shape == rejected_ids.shape, (
+        chosen_scores.shape, rejected_scores.shape, chosen_ids.shape, rejected_ids.shape)
+    both = chosen_mask.bool() & rejected_mask.bool()
+    differs = (chosen_ids != rejected_ids) & both
+    first_diff = differs.int().argmax(dim=1, keepdim=True)  # [B, 1]; 0 where none differs
+    # the prefix before first_diff must be real in both rows (else one row ended: no comparison)
+    valid = differs.any(dim=1) & (both.int().cumsum(dim=1).gather(1, first_diff).squeeze(1) == first_diff.squeeze(1) + 1)
+    diff = chosen_scores.gather(1, first_diff).squeeze(1) - rejected_scores.gather(1, first_diff).squeeze(1)
+    return torch.where(valid, -F.logsigmoid(diff), torch.zeros_like(diff))

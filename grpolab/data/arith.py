@@ -310,7 +310,7 @@ class ArithTask:
         answerable = [self._draw_train(rng, True) for _ in range(n - n_ref)]
         noisy = set(rng.sample(range(len(answerable)), round(len(answerable) * answer_noise)))
         pairs = [
-            (it.prompt, wrong_answer(rng, it.meta["answer"]) if i in noisy else it.meta["answer"])
+            (it.prompt, wrong_answer(rng, it.meta["answer"], self.answer_lsb_first) if i in noisy else it.meta["answer"])
             for i, it in enumerate(answerable)
         ]
         pairs += [(self._draw_refusal(rng, refusal_kinds).prompt, REFUSAL) for _ in range(n_ref)]
@@ -318,20 +318,32 @@ class ArithTask:
         return pairs
 
 
-def wrong_answer(rng: random.Random, answer: str) -> str:
-    """A plausible wrong integer for `answer`: off by ±1 or ±10, or two adjacent digits swapped.
+def wrong_answer(rng: random.Random, answer: str, lsb_first: bool = False) -> str:
+    """A plausible wrong integer for `answer`: its value off by ±1 or ±10, two adjacent digits
+    swapped, or one digit replaced by another (a kind drawn uniformly, then a candidate of it).
 
-    Never equal to `answer`; never negative when `answer` is not.
+    lsb_first: `answer` is written least-significant digit first (ArithTask.answer_lsb_first); the
+    wrong value is written the same way, so every digit position, the units too, can be the wrong one.
+    Never equal to `answer`; never negative when `answer` is not; no leading zero.
     """
-    value = int(answer)
-    candidates = {str(value + d) for d in (-10, -1, 1, 10)}
     sign, digits = ("-", answer[1:]) if answer.startswith("-") else ("", answer)
-    for i in range(len(digits) - 1):
-        swapped = digits[:i] + digits[i + 1] + digits[i] + digits[i + 2 :]
-        if swapped[0] != "0" or len(swapped) == 1:
-            candidates.add(sign + swapped)
-    candidates = {c for c in candidates if c != answer and (value < 0 or not c.startswith("-"))}
-    return rng.choice(sorted(candidates))
+    msb = digits[::-1] if lsb_first else digits
+    value = int(sign + msb)
+    offsets = {str(value + d) for d in (-10, -1, 1, 10)}
+    swaps = {sign + msb[:i] + msb[i + 1] + msb[i] + msb[i + 2 :] for i in range(len(msb) - 1)}
+    replaced = {sign + msb[:i] + d + msb[i + 1 :] for i in range(len(msb)) for d in "0123456789" if d != msb[i]}
+
+    def ok(c: str) -> bool:
+        body = c.lstrip("-")
+        return c != sign + msb and (value < 0 or not c.startswith("-")) and (body == "0" or body[0] != "0") \
+            and c != "-0"
+
+    kinds = [sorted(c for c in group if ok(c)) for group in (offsets, swaps, replaced)]
+    pick = rng.choice(rng.choice([k for k in kinds if k]))
+    if not lsb_first:
+        return pick
+    body = pick.lstrip("-")
+    return ("-" if pick.startswith("-") else "") + body[::-1]
 
 
 def _copy(item: PromptItem) -> PromptItem:

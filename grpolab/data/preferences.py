@@ -265,7 +265,7 @@ def accuracy_pairs(
         item = _draw(rng, ans, "answerable")
         answer, u = item.meta["answer"], rng.random()
         if u < 0.45:
-            rejected = wrong_answer(rng, answer)
+            rejected = wrong_answer(rng, answer, task.answer_lsb_first)
         elif u < 0.65:
             rejected = _other_number(rng, answer, by_op[item.meta["op"]])
         elif u < 0.75:
@@ -297,7 +297,7 @@ def refusal_pairs(
         else:
             item = _draw(rng, ans, "answerable")
             answer = item.meta["answer"]
-            chosen = answer if rng.random() < 0.7 else wrong_answer(rng, answer)
+            chosen = answer if rng.random() < 0.7 else wrong_answer(rng, answer, task.answer_lsb_first)
             pairs.append(PrefPair(item.prompt, chosen, REFUSAL))
     return pairs
 

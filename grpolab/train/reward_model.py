@@ -55,17 +55,25 @@ def default_append_eos(tokenizer) -> bool:
 
 
 def encode_texts(tokenizer, prompts: Sequence[str], completions: Sequence[str], *, append_eos: bool) -> list[list[int]]:
-    """Token ids of each `prompt + completion` (plus EOS when append_eos): N lists of ids."""
+    """Token ids of each `prompt + completion` (plus EOS when append_eos): N lists of ids.
+
+    The texts are tokenized in two batched calls (those that start with BOS, which get no second
+    one, and the others), not one call per row."""
     if len(prompts) != len(completions):
         raise ValueError(f"encode_texts: {len(prompts)} prompts but {len(completions)} completions")
     bos, eos = tokenizer.bos_token, tokenizer.eos_token_id
-    out = []
-    for prompt, completion in zip(prompts, completions):
-        text = prompt + completion
-        ids = list(tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"])
-        if append_eos and (not ids or ids[-1] != eos):
-            ids.append(eos)
-        out.append(ids)
+    texts = [prompt + completion for prompt, completion in zip(prompts, completions)]
+    out: list[list[int]] = [[] for _ in texts]
+    for special in (True, False):
+        rows = [i for i, t in enumerate(texts) if bool(bos and t.startswith(bos)) != special]
+        if rows:
+            encoded = tokenizer([texts[i] for i in rows], add_special_tokens=special)["input_ids"]
+            for i, ids in zip(rows, encoded):
+                out[i] = list(ids)
+    if append_eos:
+        for ids in out:
+            if not ids or ids[-1] != eos:
+                ids.append(eos)
     return out
 
 
@@ -201,12 +209,21 @@ class RMResult:
 
 
 def accumulate_pair_gradients(
-    model, tokenizer, batch: Sequence[PrefPair], *, microbatch_size: int, append_eos: bool | None = None
+    model, tokenizer, batch: Sequence[PrefPair], *, microbatch_size: int, append_eos: bool | None = None,
+    lm_coef: float = 0.0, divergence_coef: float = 0.0,
 ) -> float:
-    """Adds to `.grad` the gradient of mean_i -log σ(s_chosen_i - s_rejected_i) over `batch`,
-    in microbatches of `microbatch_size` pairs (one forward each, chosen and rejected together).
-    Returns the batch loss. The caller zeroes the gradients and steps the optimizer."""
+    """Adds to `.grad` the gradient of mean_i loss_i over `batch`, in microbatches of
+    `microbatch_size` pairs (one forward each, chosen and rejected together). Returns the batch loss.
+    The caller zeroes the gradients and steps the optimizer.
+
+    loss_i = -log σ(s_chosen_i - s_rejected_i)
+             + divergence_coef * (the same at the first token where the two texts part; see
+               algo.losses.divergence_pairwise_logsigmoid)
+             + lm_coef * (mean next-token NLL of the chosen completion, logits read through the
+               input embeddings: an auxiliary LM loss that keeps the backbone predicting good
+               completions). The two extra terms need a decoder RM (`score_positions`)."""
     eos = default_append_eos(tokenizer) if append_eos is None else append_eos
+    dense = lm_coef > 0 or divergence_coef > 0
     normalizer = len(batch)  # fixed before splitting: gradients do not depend on the microbatch size
     total = 0.0
     for start in range(0, len(batch), microbatch_size):
@@ -214,11 +231,63 @@ def accumulate_pair_gradients(
         m = len(micro)
         seqs = encode_texts(tokenizer, [p.prompt for p in micro] * 2,
                             [p.chosen for p in micro] + [p.rejected for p in micro], append_eos=eos)
-        scores = score_ids(model, seqs)  # [2m]: chosen rows, then rejected rows
-        loss = pairwise_logsigmoid(scores[:m], scores[m:]).sum() / normalizer
+        if not dense:
+            scores = score_ids(model, seqs)  # [2m]: chosen rows, then rejected rows
+            loss = pairwise_logsigmoid(scores[:m], scores[m:])
+        else:
+            loss = _dense_pair_loss(model, tokenizer, micro, seqs, lm_coef, divergence_coef)
+        loss = loss.sum() / normalizer
         loss.backward()
         total += float(loss.detach())
     return total
+
+
+def score_positions(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder RM's score at EVERY position, and the hidden states it reads.
+
+    ids, mask: [N, T] right-padded. Returns (scores [N, T] float32, hidden [N, T, H]); the score
+    of a row (what the model's own pooling gives) is scores[i, mask[i].sum() - 1]. Needs a
+    `*ForSequenceClassification` decoder with a `score` head (Qwen2, Llama, Mistral, ...)."""
+    head = getattr(model, "score", None)
+    if not isinstance(head, torch.nn.Module) or not hasattr(model, "base_model"):
+        raise ValueError(f"reward model: lm_coef / divergence_coef need a decoder sequence classifier with "
+                         f"a `score` head (Qwen2, Llama, ...); {type(model).__name__} has none")
+    hidden = model.base_model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    return head(hidden)[..., 0].float(), hidden
+
+
+def _dense_pair_loss(model, tokenizer, micro: Sequence[PrefPair], seqs, lm_coef: float,
+                     divergence_coef: float) -> torch.Tensor:
+    """Per-pair loss [m] with the divergence and LM terms (see accumulate_pair_gradients)."""
+    from grpolab.algo.losses import divergence_pairwise_logsigmoid
+    from grpolab.algo.logprobs import token_logprobs
+
+    m = len(micro)
+    device = next(model.parameters()).device
+    ids, mask = (t.to(device) for t in pad_right(seqs, model.config.pad_token_id))
+    pos_scores, hidden = score_positions(model, ids, mask)
+    rows = torch.arange(2 * m, device=device)
+    scores = pos_scores[rows, mask.sum(1) - 1]
+    loss = pairwise_logsigmoid(scores[:m], scores[m:])
+    if divergence_coef > 0:
+        loss = loss + divergence_coef * divergence_pairwise_logsigmoid(
+            pos_scores[:m], pos_scores[m:], ids[:m], ids[m:], mask[:m], mask[m:])
+    if lm_coef > 0:
+        emb = model.get_input_embeddings().weight
+        logits = hidden[:m, :-1] @ emb.T  # position t predicts token t+1
+        logp = token_logprobs(logits.float(), ids[:m, 1:])
+        first = torch.tensor([_prompt_len(tokenizer, p.prompt) for p in micro], device=device)
+        cols = torch.arange(1, ids.shape[1], device=device)
+        counts = mask[:m, 1:].bool() & (cols[None] >= first[:, None])  # completion tokens (and EOS)
+        nll = -(logp * counts).sum(1) / counts.sum(1).clamp(min=1)
+        loss = loss + lm_coef * nll
+    return loss
+
+
+def _prompt_len(tokenizer, prompt: str) -> int:
+    """Tokens of `prompt` alone, as encode_texts tokenizes it (special tokens included)."""
+    bos = tokenizer.bos_token
+    return len(tokenizer(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))["input_ids"])
 
 
 def _batches(pairs: Sequence[PrefPair], batch_size: int, rng: random.Random):
@@ -243,12 +312,18 @@ def train_reward_model(
     max_grad_norm: float = 1.0,
     eval_pairs: Sequence[PrefPair] | None = None,
     on_step: Callable[[int, float], None] | None = None,
+    lm_coef: float = 0.0,
+    divergence_coef: float = 0.0,
 ) -> RMResult:
     """Trains `model` in place with AdamW (no weight decay), linear warmup then cosine decay.
 
     Give `steps` (optimizer steps) or `epochs` (passes over `pairs`: steps = ceil(epochs*len/batch)).
     batch_size / microbatch_size count pairs; batch_size must be a multiple of microbatch_size.
+    lm_coef, divergence_coef: weights of the auxiliary terms (see accumulate_pair_gradients).
     """
+    if lm_coef < 0 or divergence_coef < 0:
+        raise ValueError(f"train_reward_model: lm_coef and divergence_coef must be >= 0, got {lm_coef}, "
+                         f"{divergence_coef}")
     if (steps is None) == (epochs is None):
         raise ValueError("train_reward_model: give exactly one of steps or epochs")
     if not pairs:
@@ -268,7 +343,8 @@ def train_reward_model(
     model.train()
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
-        loss = accumulate_pair_gradients(model, tokenizer, next(batches), microbatch_size=microbatch_size)
+        loss = accumulate_pair_gradients(model, tokenizer, next(batches), microbatch_size=microbatch_size,
+                                         lm_coef=lm_coef, divergence_coef=divergence_coef)
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         opt.step()
         sched.step()
@@ -377,8 +453,8 @@ def torch_threads(n: int | None):
         torch.set_num_threads(before)
 
 
-_DEMO_NAMES = ("build_demo_reward_models", "sft_backbone", "DEMO_RM_SIZE", "DEMO_RM_STEPS",
-               "DEMO_BACKBONE_SIZE", "DEMO_BACKBONE_SFT", "DEMO_SFT_RM_STEPS", "DEMO_SFT_RM_LR")
+_DEMO_NAMES = ("build_demo_reward_models", "sft_backbone", "DEMO_RM_SIZE", "DEMO_RM_RECIPES",
+               "DEMO_BACKBONE_SIZE", "DEMO_BACKBONE_SFT")
 
 
 def __getattr__(name: str):

@@ -12,6 +12,7 @@ from grpolab.algo.losses import (
     clipped_surrogate,
     kl_penalty,
     masked_mean,
+    divergence_pairwise_logsigmoid,
     pairwise_logsigmoid,
     sequence_clipped_surrogate,
     sft_nll,
@@ -275,3 +276,20 @@ def test_importance_ratio_is_clamped_exp():
     lp = torch.tensor([[0.0, -1.0, 100.0]])
     old = torch.tensor([[0.0, 0.0, 0.0]])
     torch.testing.assert_close(importance_ratio(lp, old), torch.tensor([[1.0, math.exp(-1.0), math.exp(LOG_RATIO_CLAMP)]]))
+
+
+def test_divergence_pairwise_logsigmoid_compares_the_first_differing_token():
+    # rows: part at position 2; identical; chosen is a strict prefix (ends, no comparison);
+    # part at position 0; rejected longer but parts at a real token (position 3: EOS=9 vs 4)
+    c_ids = torch.tensor([[1, 2, 3, 9, 0], [1, 2, 5, 9, 0], [1, 2, 3, 0, 0], [7, 2, 0, 0, 0], [1, 2, 3, 9, 0]])
+    r_ids = torch.tensor([[1, 2, 4, 9, 0], [1, 2, 5, 9, 0], [1, 2, 3, 4, 9], [6, 2, 0, 0, 0], [1, 2, 3, 4, 9]])
+    c_s = torch.arange(25.0).view(5, 5) / 10
+    r_s = -torch.arange(25.0).view(5, 5) / 10
+    got = divergence_pairwise_logsigmoid(c_s, r_s, c_ids, r_ids, c_ids != 0, r_ids != 0)
+    sp = torch.nn.functional.softplus
+    want = torch.stack([sp(r_s[0, 2] - c_s[0, 2]), torch.tensor(0.0), torch.tensor(0.0),
+                        sp(r_s[3, 0] - c_s[3, 0]), sp(r_s[4, 3] - c_s[4, 3])])
+    torch.testing.assert_close(got, want)
+    c_s.requires_grad_(True)
+    divergence_pairwise_logsigmoid(c_s, r_s, c_ids, r_ids, c_ids != 0, r_ids != 0).sum().backward()
+    assert (c_s.grad != 0).sum() == 3  # one position per compared pair, nothing elsewhere

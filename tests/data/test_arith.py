@@ -162,14 +162,36 @@ def test_eval_items_held_out_distinct_deterministic(task, sides):
         task.eval_items(10**6)
 
 
+def _plausible(w: str, ans: str) -> bool:
+    one_digit = len(w) == len(ans) and sum(a != b for a, b in zip(w, ans)) == 1
+    return abs(int(w) - int(ans)) in (1, 10) or sorted(w) == sorted(ans) or one_digit
+
+
 def test_wrong_answer_is_plausible_and_wrong():
     rng = random.Random(0)
     for ans in ["0", "1", "9", "10", "82", "100", "144", "-5", "-13"]:
-        for _ in range(30):
+        seen = set()
+        for _ in range(60):
             w = wrong_answer(rng, ans)
             assert w != ans and re.fullmatch(r"0|-?[1-9]\d*", w)
             assert ans.startswith("-") or not w.startswith("-")
-            assert abs(int(w) - int(ans)) in (1, 10) or sorted(w) == sorted(ans)
+            assert _plausible(w, ans), (ans, w)
+            seen.add(w)
+        assert len(seen) >= 5, (ans, seen)  # offsets, swaps and replaced digits all turn up
+
+
+def test_wrong_answer_lsb_first_errs_in_every_digit_position():
+    rng = random.Random(0)
+    for ans in ["601", "97", "0", "-31"]:  # LSB first: 106, 79, 0, -13
+        value = int(ans[0] + ans[1:][::-1]) if ans.startswith("-") else int(ans[::-1])
+        wrong = [wrong_answer(rng, ans, lsb_first=True) for _ in range(300)]
+        for w in wrong:
+            msb = ("-" + w[1:][::-1]) if w.startswith("-") else w[::-1]
+            assert w != ans and re.fullmatch(r"0|-?[1-9]\d*", msb), (ans, w)
+            assert _plausible(msb, str(value)), (ans, w)
+        body = ans.lstrip("-")
+        for pos in range(len(body)):  # each written position is the wrong one sometimes
+            assert any(len(w.lstrip("-")) == len(body) and w.lstrip("-")[pos] != body[pos] for w in wrong), (ans, pos)
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,10 @@ from grpolab.train.reward_model import (
     encode_texts,
     evaluate_pairs,
     load_reward_model,
+    pad_right,
     save_reward_model,
     score_ids,
+    score_positions,
     score_texts,
     torch_threads,
     train_reward_model,
@@ -70,12 +72,13 @@ def test_the_scored_token_is_the_last_real_token(tok):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_gradient_does_not_depend_on_the_microbatch_size(tok, dtype):
+@pytest.mark.parametrize("aux", [{}, {"lm_coef": 0.5, "divergence_coef": 2.0}], ids=["plain", "aux-terms"])
+def test_gradient_does_not_depend_on_the_microbatch_size(tok, dtype, aux):
     grads = {}
     for micro in (1, 8, 4):
         model = rm(tok, dtype=dtype).train()
         model.zero_grad(set_to_none=True)
-        loss = accumulate_pair_gradients(model, tok, PAIRS, microbatch_size=micro)
+        loss = accumulate_pair_gradients(model, tok, PAIRS, microbatch_size=micro, **aux)
         grads[micro] = (loss, [p.grad.clone() for p in model.parameters()])
     for micro in (1, 4):
         assert grads[micro][0] == pytest.approx(grads[8][0], rel=1e-6)
@@ -91,6 +94,51 @@ def test_loss_is_the_mean_pairwise_logsigmoid(tok):
     c = score_texts(model, tok, prompts, [p.chosen for p in PAIRS[:3]])
     r = score_texts(model, tok, prompts, [p.rejected for p in PAIRS[:3]])
     assert loss == pytest.approx(float(torch.nn.functional.softplus(r - c).mean()), rel=1e-5)
+
+
+def test_score_positions_ends_in_the_models_own_score(tok):
+    model = rm(tok).eval()
+    seqs = encode_texts(tok, ["1+1=", "10*10="], ["2", "100"], append_eos=True)
+    ids, mask = pad_right(seqs, model.config.pad_token_id)
+    with torch.no_grad():
+        per_pos, hidden = score_positions(model, ids, mask)
+        torch.testing.assert_close(per_pos[torch.arange(2), mask.sum(1) - 1], score_ids(model, seqs))
+    assert per_pos.shape == ids.shape and hidden.shape == (*ids.shape, TINY["hidden_size"])
+
+
+def test_aux_terms_by_hand(tok):
+    """The loss with both auxiliary terms: pairwise + c_div * pairwise at the first differing token
+    + c_lm * mean NLL of the chosen completion tokens (logits through the input embeddings)."""
+    model = rm(tok, dtype=torch.float64).train()
+    pair = PrefPair("12+7=", "19", "13")  # part at the 2nd completion character
+    loss = accumulate_pair_gradients(model, tok, [pair], microbatch_size=1, lm_coef=0.5, divergence_coef=2.0)
+    c_ids, r_ids = encode_texts(tok, [pair.prompt] * 2, [pair.chosen, pair.rejected], append_eos=True)
+    n_prompt = len(tok(pair.prompt)["input_ids"])
+    with torch.no_grad():
+        c_h = model.model(input_ids=torch.tensor([c_ids])).last_hidden_state[0]
+        r_h = model.model(input_ids=torch.tensor([r_ids])).last_hidden_state[0]
+        c_s, r_s = model.score(c_h)[:, 0], model.score(r_h)[:, 0]
+        t = n_prompt + 1  # the first position where "19" and "13" differ
+        logp = torch.log_softmax(c_h @ model.get_input_embeddings().weight.T, -1)
+        nll = -torch.stack([logp[j - 1, c_ids[j]] for j in range(n_prompt, len(c_ids))]).mean()
+    sp = torch.nn.functional.softplus
+    want = sp(r_s[-1] - c_s[-1]) + 2.0 * sp(r_s[t] - c_s[t]) + 0.5 * nll
+    assert c_ids[:t] == r_ids[:t] and c_ids[t] != r_ids[t]
+    # rel 1e-6, not float64's 1e-9: the scores and token log-probs of the loss are float32 by design
+    assert loss == pytest.approx(float(want), rel=1e-6)
+
+
+def test_aux_terms_need_a_decoder_with_a_score_head(tok):
+    class NoHead(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(2, 2)
+            self.config = type("C", (), {"pad_token_id": 0})()
+
+    with pytest.raises(ValueError, match="need a decoder sequence classifier"):
+        accumulate_pair_gradients(NoHead(), tok, PAIRS[:1], microbatch_size=1, lm_coef=1.0)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        train_reward_model(rm(tok), tok, PAIRS, steps=1, lm_coef=-1.0)
 
 
 def test_training_learns_refusal_and_generalizes_to_heldout_prompts(tok):
@@ -218,24 +266,26 @@ def test_demo_reward_models_contract_with_a_small_budget(tok, tmp_path):
     with pytest.raises(ValueError, match="unknown keys"):
         build_demo_reward_models(task, tok, tmp_path, backbone="fresh", steps={"accuracy": 3})
     with pytest.raises(ValueError, match="apply only to backbone='sft'"):
-        build_demo_reward_models(task, tok, tmp_path, sft={"steps": 2})
+        build_demo_reward_models(task, tok, tmp_path, backbone="fresh", sft={"steps": 2})
+    with pytest.raises(ValueError, match="base applies only to backbone='fresh'"):
+        build_demo_reward_models(task, tok, tmp_path, base="some/folder")
 
 
 @pytest.mark.slow
 def test_demo_reward_models(tok, tmp_path):
-    """The demo's defaults (backbone "fresh") on the demo's task (ops "+-", LSB-first answers): about
-    20-25 s on an idle 2-core CPU. The refusal RM ranks >= 95% of held-out pairs right. The accuracy
-    RM does on every kind of pair but "number" (the right answer against another integer on
-    held-out facts): 0.74 / 0.68 there, 0.852 / 0.823 overall (seeds 0, 1), because single-digit
-    differences stay near chance; see build_demo_reward_models."""
+    """The demo's "fresh" recipe (the default "sft" one takes about 8 minutes) on the demo's task
+    (ops "+-", LSB-first answers): about 30 s on an idle 2-core CPU. The refusal RM ranks >= 95% of
+    held-out pairs right. The accuracy RM does on every kind of pair but "number" (the right answer
+    against another integer on held-out facts): 0.67 / 0.64 there, 0.859 / 0.843 overall (seeds
+    0, 1), because single-digit differences stay near chance; see build_demo_reward_models."""
     from grpolab.data.build import arith_task
     from grpolab.demo import demo_config
 
-    out = build_demo_reward_models(arith_task(demo_config()), tok, tmp_path, seed=0)
+    out = build_demo_reward_models(arith_task(demo_config()), tok, tmp_path, seed=0, backbone="fresh")
     assert out["refusal_rm"]["heldout_accuracy"] >= 0.95, out
     acc = out["accuracy_rm"]["by_kind"]
     assert all(v >= 0.95 for k, v in acc.items() if k != "number"), acc
-    assert acc["number"] >= 0.62 and out["accuracy_rm"]["heldout_accuracy"] >= 0.8, out
+    assert acc["number"] >= 0.6 and out["accuracy_rm"]["heldout_accuracy"] >= 0.8, out
     for name in ("accuracy", "refusal"):
         info = json.loads((tmp_path / f"rm_{name}" / RM_INFO_FILE).read_text())
         assert info["score_std"] > 0 and info["heldout_accuracy"] == out[f"{name}_rm"]["heldout_accuracy"]

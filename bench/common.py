@@ -78,10 +78,10 @@ class Workload:
 
 def tiny_extra_chars(vocab_size: int = TINY_VOCAB) -> str:
     """Characters appended to the char tokenizer's alphabet so that its vocabulary has `vocab_size` ids."""
-    from grpolab.models.tiny import SPECIAL_TOKENS, char_alphabet
+    from grpolab.models.tiny import SPECIAL_TOKENS, WORDS, char_alphabet
 
     base = set(char_alphabet())
-    need = vocab_size - len(SPECIAL_TOKENS) - len(base)
+    need = vocab_size - len(SPECIAL_TOKENS) - len(WORDS) - len(base)  # the word tokens count too
     pool = [chr(c) for c in range(0x21, 0x7F)] + [chr(c) for c in range(0xC0, 0x250)]
     extra = [ch for ch in pool if ch not in base][:need]
     if len(extra) < need:

@@ -53,6 +53,8 @@ class Workload:
     dtype: str = "float32"
     """float32 | bfloat16 (autocast on both sides; master weights fp32)."""
     temperature: float = 1.0
+    grpolab_compile: bool = False
+    """grpolab side only: model.compile (torch.compile of the training forward; TRL is left eager)."""
 
     @property
     def sequences_per_step(self) -> int:

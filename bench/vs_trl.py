@@ -71,6 +71,7 @@ def run_grpolab(w: Workload, steps: int, warmup: int) -> dict:
         f"train.microbatch_size={w.microbatch_size}", f"train.lr={w.lr}", f"train.seed={w.seed}",
         f"train.steps={warmup + steps}", "train.max_grad_norm=1.0", "run.progress=false",
         "run.tensorboard=false", "run.peak_tflops=1", "data.max_prompt_tokens=64",
+        f"model.compile={str(w.grpolab_compile).lower()}",
     ])
     cfg = cfg.replace(rewards=[{"name": "bench_digits", "weight": 1.0}])
     torch.manual_seed(w.seed)
@@ -247,7 +248,8 @@ def speed(args) -> None:
     for dtype in args.dtype:
         w = Workload(model=args.model, prompts_per_step=args.prompts, group_size=args.group_size,
                      max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta, lr=args.lr,
-                     microbatch_size=args.microbatch, seed=args.seed, dtype=dtype)
+                     microbatch_size=args.microbatch, seed=args.seed, dtype=dtype,
+                     grpolab_compile=args.grpolab_compile)
         runs: dict[str, list[dict]] = {s: [] for s in args.sides}
         for i in range(args.runs):
             for side in args.sides:  # A B A B: both sides see the same machine conditions
@@ -298,6 +300,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--microbatch", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--grpolab-compile", action="store_true",
+                   help="grpolab side: model.compile=true (use --warmup >= 1: the first step compiles)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per run (0 = torch's default)")
     p.add_argument("--sides", nargs="+", choices=("grpolab", "trl"), default=["grpolab", "trl"])
     p.add_argument("--curve", action="store_true", help="training curves over --seeds instead of timing")

@@ -32,6 +32,11 @@ class ModelConfig:
     """LoRA rank through PEFT; 0 = full fine-tune. With LoRA the reference is the base with adapters off."""
     lora_alpha: float = 16.0
     """LoRA scaling alpha."""
+    compile: bool = False
+    """torch.compile the policy's training forward (Phase B; dynamic shapes, so widths that change
+    from step to step do not recompile). The first learning step pays the compilation (about a
+    minute on a CPU). bench/vs_trl.py's tiny fixture, bf16, 3 A/B runs: learning 1.34 -> 0.91 s
+    per step (1.47x), whole step 1.25x, peak RSS +20 MB."""
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,13 @@ def use_fast_cpu_attention(model: torch.nn.Module, compute_dtype: torch.dtype | 
     model.set_attn_implementation(FAST_CPU_ATTENTION)
 
 
+def training_module(model: torch.nn.Module, compile: bool) -> torch.nn.Module:
+    """The module Phase B differentiates: `model` itself, or `torch.compile(model, dynamic=True)`,
+    which shares its parameters (the optimizer, checkpoints and the no-grad passes keep using
+    `model`). Dynamic shapes: the batch width changes from step to step."""
+    return torch.compile(model, dynamic=True) if compile else model
+
+
 def completion_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,

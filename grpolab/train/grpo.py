@@ -74,7 +74,7 @@ def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
             s.optimizer.zero_grad(set_to_none=True)
             loss_sum, logps = 0.0, []
             for micro_idx in torch.arange(len(mb_idx)).split(cfg.train.microbatch_size):
-                loss, stats = s.objective(s.policy, minibatch.select(micro_idx), normalizer)
+                loss, stats = s.objective(s.train_model, minibatch.select(micro_idx), normalizer)
                 loss.backward()
                 st.add_micro(stats)
                 loss_sum += float(loss.detach())

@@ -20,6 +20,7 @@ from grpolab.config import Config, ConfigError
 from grpolab.report.progress import Progress
 from grpolab.rewards.base import build_reward, probe_rewards
 from grpolab.rollout.hf import HFEngine
+from grpolab.models.forward import training_module
 from grpolab.train.objective import Objective, build_objective
 
 
@@ -155,6 +156,12 @@ class Setup:
     peak_flops: float = 0.0
     n_params: int = 0
     stop: Any = None  # e.g. a signals.StopSignal: its .requested ends the loop after the step
+    train_model: Any = None
+    """What Phase B differentiates: the policy, or its compiled wrapper (model.compile); same parameters."""
+
+    def __post_init__(self) -> None:
+        if self.train_model is None:
+            self.train_model = self.policy
 
     def train_mask(self, ro, rewards: torch.Tensor) -> torch.Tensor:
         """The loss mask of Phase B: completion tokens, minus truncated completions and zero-std
@@ -255,4 +262,5 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
         on_reward_error=cfg.train.on_reward_error,
         peak_flops=cfg.run.peak_tflops * 1e12,
         n_params=sum(p.numel() for p in policy.parameters()),
+        train_model=training_module(policy, cfg.model.compile),
     )

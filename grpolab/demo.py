@@ -58,14 +58,15 @@ def build_pi0(cfg: C.Config, run_dir: Path):
     return model, tok, task
 
 
-def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, w_acc: float = 1.0, w_ref: float = 1.0):
+def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, policy=None, w_acc: float = 1.0, w_ref: float = 1.0):
     """Trains the accuracy and refusal reward models (seed 000) and puts them in the config as the
     GRPO rewards: reward = w_acc·RM_acc + w_ref·RM_ref, each score z-normalised with the mean/std of
-    the RM's scores on its own training pairs. Returns (config, {name: held-out pairwise accuracy})."""
+    the RM's scores on its own training pairs. policy (π0): half of the accuracy RM's training pairs
+    reject its own sampled mistakes. Returns (config, {name: held-out pairwise accuracy})."""
     from grpolab.train.reward_model import build_demo_reward_models
 
     _say("[demo] training the accuracy and refusal reward models (pairwise log-sigmoid)")
-    rms = build_demo_reward_models(task, tok, run_dir / "reward_models", seed=cfg.train.seed)
+    rms = build_demo_reward_models(task, tok, run_dir / "reward_models", seed=cfg.train.seed, policy=policy)
     for name, info in rms.items():
         _say(f"[rm] {name}: held-out pairwise accuracy {info['heldout_accuracy']:.3f}")
     weights = {"accuracy_rm": w_acc, "refusal_rm": w_ref}
@@ -85,7 +86,7 @@ def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True, re
     model, tok, task = build_pi0(cfg, run_dir)
     rm_acc = {}
     if rewards == "rm":
-        cfg, rm_acc = with_reward_models(cfg, task, tok, run_dir)
+        cfg, rm_acc = with_reward_models(cfg, task, tok, run_dir, policy=model)
         write_config(cfg, run_dir)
     engine = HFEngine(tok, cfg.rollout.max_new_tokens)
     before = evaluate_arith(model, engine, eval_items)

@@ -40,7 +40,8 @@ DEMO_BACKBONE_SFT = {"steps": 800, "batch_size": 64, "lr": 1e-3, "refusal_share"
 them refusals of unanswerable prompts (all kinds)."""
 DEMO_RM_RECIPES = {
     "sft": {
-        "accuracy_rm": {"steps": 400, "batch_size": 256, "lr": 2e-3, "lm_coef": 1.0, "divergence_coef": 1.0},
+        "accuracy_rm": {"steps": 400, "batch_size": 256, "lr": 2e-3, "lm_coef": 1.0, "divergence_coef": 1.0,
+                        "policy_share": 0.5, "policy_prompts": 6000},
         "refusal_rm": {"steps": 100, "batch_size": 32, "lr": 3e-4},
     },
     "fresh": {
@@ -49,7 +50,9 @@ DEMO_RM_RECIPES = {
     },
 }
 """Training of each demo RM per backbone: optimizer steps, pairs per step, peak learning rate
-(warmup then cosine), and the auxiliary loss weights of train_reward_model (0 when absent)."""
+(warmup then cosine), the auxiliary loss weights of train_reward_model (0 when absent), and, when
+a policy is given, the share of training pairs that are its own mistakes (`policy_wrong_pairs`
+on up to `policy_prompts` prompts, cycled; the rest are `accuracy_pairs`)."""
 
 
 def sft_backbone(
@@ -78,6 +81,36 @@ def sft_backbone(
     train_sft(lm, tokenizer, examples, steps=steps, batch_size=batch_size, microbatch_size=batch_size,
               lr=lr, seed=seed)
     return lm.eval()
+
+
+def policy_wrong_pairs(policy, tokenizer, task, *, prompts: int, group_size: int = 8, seed: int = 0,
+                       max_new_tokens: int = 8):
+    """Accuracy pairs whose rejected side is the policy's own mistake: for `prompts` answerable
+    prompts of the task's TRAINING side, `group_size` sampled completions each (temperature 1);
+    every distinct completion that is not the answer gives PrefPair(prompt, answer, completion).
+    These are the near misses a GRPO run on this policy will explore. Returns a list of PrefPair."""
+    import torch
+
+    from grpolab.data.preferences import PrefPair
+    from grpolab.rollout.hf import HFEngine, decode_completions
+
+    rng = random.Random(f"{seed}:policy_pairs")
+    items = []
+    while len(items) < prompts:
+        items += [it for it in task.train_prompts(rng, 2 * prompts) if it.meta["answerable"]]
+    items = items[:prompts]
+    engine, gen = HFEngine(tokenizer, max_new_tokens), torch.Generator().manual_seed(seed)
+    pairs = []
+    with torch.no_grad():
+        for start in range(0, len(items), 256):
+            chunk = items[start : start + 256]
+            texts = decode_completions(tokenizer, engine.generate(policy, [it.prompt for it in chunk], group_size,
+                                                                  generator=gen))
+            for i, it in enumerate(chunk):
+                answer = it.meta["answer"]
+                wrong = sorted(set(texts[i * group_size : (i + 1) * group_size]) - {answer})
+                pairs += [PrefPair(it.prompt, answer, w) for w in wrong if w.strip()]
+    return pairs
 
 
 def _recipes(backbone: str, steps, batch_size: int | None, lr: float | None) -> dict[str, dict[str, Any]]:
@@ -109,6 +142,7 @@ def build_demo_reward_models(
     sft: dict[str, Any] | None = None,
     num_threads: int | None = None,
     progress: Callable[[str], None] | None = None,
+    policy: Any = None,
 ) -> dict[str, dict[str, Any]]:
     """Trains and saves the accuracy RM and the refusal RM of the built-in arithmetic task.
 
@@ -123,6 +157,8 @@ def build_demo_reward_models(
         refusal_share) and "size".
     num_threads: torch threads while training (restored after); None keeps the current setting.
     progress: called with one line of text per stage (e.g. `Progress.log`).
+    policy: the causal LM that GRPO will train (π0), or None. With it, `policy_share` of the accuracy
+        RM's training pairs (recipe) reject the policy's own sampled mistakes on training prompts.
     Returns {"accuracy_rm": {"path", "heldout_accuracy", "margin", "by_kind", "seconds"},
     "refusal_rm": {...}}; by_kind: held-out accuracy per `builtin_pair_kind`; "seconds" of the
     accuracy RM include the backbone's SFT.
@@ -142,10 +178,14 @@ def build_demo_reward_models(
     backbone + both terms 0.92; the divergence term alone did not help (0.73 after 32k pairs vs
     0.75 without). "fresh": 0.859 / 0.843 overall (seeds 0, 1), 0.67 / 0.64 on "number" pairs, 1.00
     on the other kinds; about 30 s.
-    Even at 0.95 the accuracy RM is not a usable GRPO reward here: the policy's own near misses
-    (one digit off) are exactly the pairs it still gets wrong, and GRPO on it moves the greedy
-    held-out accuracy from 0.364 to 0.292 in 300 steps (refusal recall 0.265 to 1.000); pair it
-    with exact_match when correctness matters.
+    Ranking π0's own mistakes is what GRPO needs, and random held-out pairs overstate it: on π0's
+    wrong samples for 400 held-out prompts (1719 pairs) the 0.953 RM above is right on 0.822 of
+    pairs, and ranks the answer above every wrong sample for 0.466 of prompts; GRPO on it moved the
+    greedy held-out accuracy from 0.364 to 0.292 in 300 steps. With `policy=π0` (half of the
+    training pairs π0's mistakes on training prompts): 0.976 on the builtin held-out pairs, 0.946 on
+    "number" pairs, 0.873 / 0.571 on π0's held-out mistakes; GRPO 0.364 -> 0.383 in 300 steps. The
+    whole `demo --rewards rm` (seed 0, 400 steps): RMs 0.970 / 0.999 held out, accuracy 0.364 ->
+    0.279, refusal recall 0.265 -> 1.000, 14 min 11 s: the RM is still not good enough.
     """
     if backbone not in DEMO_RM_RECIPES:
         raise ValueError(f"build_demo_reward_models: backbone must be 'sft' or 'fresh', got {backbone!r}")
@@ -164,7 +204,8 @@ def build_demo_reward_models(
             progress(f"[rm] SFT backbone trained on the task's training side ({time.perf_counter() - t0:.0f} s)")
     for offset, key in enumerate(("accuracy_rm", "refusal_rm")):
         out[key] = _train_one(task, tokenizer, out_dir, key, init, plan[key], seed=seed, offset=offset,
-                              heldout_pairs=heldout_pairs, num_threads=num_threads, backbone=backbone)
+                              heldout_pairs=heldout_pairs, num_threads=num_threads, backbone=backbone,
+                              policy=policy)
         out[key]["seconds"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         if progress is not None:
@@ -175,16 +216,38 @@ def build_demo_reward_models(
     return out
 
 
+def _training_pairs(task, tokenizer, key: str, recipe: dict[str, Any], rng: random.Random, *, seed: int,
+                    policy: Any, num_threads: int | None) -> list:
+    """The RM's training pairs: builtin pairs, with `policy_share` of them the policy's mistakes."""
+    from grpolab.data.preferences import accuracy_pairs, refusal_pairs
+
+    n = recipe["steps"] * recipe["batch_size"]
+    share = recipe.get("policy_share", 0.0) if policy is not None else 0.0
+    n_policy = round(n * share)
+    mistakes = []
+    if n_policy:
+        with torch_threads(num_threads):
+            prompts = min(recipe["policy_prompts"], n_policy)  # never more prompts than pairs needed
+            mistakes = policy_wrong_pairs(policy, tokenizer, task, prompts=prompts, seed=seed)
+    make = accuracy_pairs if key == "accuracy_rm" else refusal_pairs
+    train = make(task, rng, n - (n_policy if mistakes else 0), split="train")
+    if mistakes:
+        train += [mistakes[i % len(mistakes)] for i in range(n_policy)]
+        random.Random(f"{seed}:{key}:mix").shuffle(train)
+    return train
+
+
 def _train_one(task, tokenizer, out_dir, key: str, init: Any, recipe: dict[str, Any], *, seed: int,
-               offset: int, heldout_pairs: int, num_threads: int | None, backbone: str) -> dict[str, Any]:
+               offset: int, heldout_pairs: int, num_threads: int | None, backbone: str,
+               policy: Any = None) -> dict[str, Any]:
     """Trains, evaluates and saves one demo RM; returns its result dict (without "seconds")."""
     from grpolab.data.preferences import accuracy_pairs, builtin_pair_kind, refusal_pairs
 
     make = accuracy_pairs if key == "accuracy_rm" else refusal_pairs
     rng = random.Random(f"{seed}:{key}")
     steps, batch_size = recipe["steps"], recipe["batch_size"]
-    train = make(task, rng, steps * batch_size, split="train")
-    heldout = make(task, rng, heldout_pairs, split="eval")
+    heldout = make(task, random.Random(f"{seed}:{key}:heldout"), heldout_pairs, split="eval")
+    train = _training_pairs(task, tokenizer, key, recipe, rng, seed=seed, policy=policy, num_threads=num_threads)
     tiny = DEMO_RM_SIZE if isinstance(init, str) and init == TINY_BASE else {}
     with torch_threads(num_threads):
         model = build_reward_model(init, tokenizer, seed=seed + offset, **tiny)
@@ -202,6 +265,7 @@ def _train_one(task, tokenizer, out_dir, key: str, init: Any, recipe: dict[str, 
     info = {"score_mean": mean, "score_std": std, "data": f"builtin:{name}", "base": base_txt,
             "heldout_accuracy": acc, "heldout_margin": margin, "heldout_by_kind": by_kind,
             "train_pairs": len(train), "heldout_pairs": len(heldout), "steps": steps,
-            "lm_coef": recipe.get("lm_coef", 0.0), "divergence_coef": recipe.get("divergence_coef", 0.0)}
+            "lm_coef": recipe.get("lm_coef", 0.0), "divergence_coef": recipe.get("divergence_coef", 0.0),
+            "policy_share": recipe.get("policy_share", 0.0) if policy is not None else 0.0}
     path = save_reward_model(model, tokenizer, Path(out_dir) / f"rm_{name}", info=info)
     return {"path": str(path), "heldout_accuracy": acc, "margin": margin, "by_kind": by_kind}

@@ -246,18 +246,33 @@ def test_sft_backbone_sees_only_the_training_side(tok, monkeypatch):
     assert all(c == answers[p] for p, c in pairs if c != "cannot")  # clean answers
 
 
+def test_policy_wrong_pairs_reject_the_policys_own_training_side_mistakes(tok):
+    from grpolab.train.reward_model_demo import policy_wrong_pairs
+
+    task = ArithTask(ops="+-", answer_lsb_first=True)
+    policy = build_tiny_model(tok, seed=0, **TINY)  # untrained: almost every sample is a mistake
+    pairs = policy_wrong_pairs(policy, tok, task, prompts=20, group_size=4, seed=0)
+    answers = {it.prompt: it.meta["answer"] for it in task.items("train") if it.meta["answerable"]}
+    assert 20 <= len(pairs) <= 80
+    assert all(p.prompt in answers and p.chosen == answers[p.prompt] != p.rejected for p in pairs)
+    assert len({(p.prompt, p.rejected) for p in pairs}) == len(pairs)  # distinct mistakes per prompt
+    assert pairs == policy_wrong_pairs(policy, tok, task, prompts=20, group_size=4, seed=0)  # seeded
+
+
 def test_demo_reward_models_contract_with_a_small_budget(tok, tmp_path):
     task = ArithTask(ops="+-", answer_lsb_first=True)
     lines = []
+    policy = build_tiny_model(tok, seed=0, **TINY)
     out = build_demo_reward_models(task, tok, tmp_path, seed=0, backbone="sft", steps=2, batch_size=4,
                                    heldout_pairs=40, sft={"steps": 2, "batch_size": 8, "size": TINY},
-                                   progress=lines.append)
+                                   progress=lines.append, policy=policy)
     assert set(out) == {"accuracy_rm", "refusal_rm"} and len(lines) == 3 and "SFT backbone" in lines[0]
     for key, name in (("accuracy_rm", "accuracy"), ("refusal_rm", "refusal")):
         r = out[key]
         assert {"path", "heldout_accuracy", "margin", "by_kind", "seconds"} <= set(r)
         info = json.loads((tmp_path / f"rm_{name}" / RM_INFO_FILE).read_text())
         assert info["base"] == "sft:builtin:tiny" and info["steps"] == 2 and info["heldout_pairs"] == 40
+        assert info["policy_share"] == (0.5 if name == "accuracy" else 0.0)
         model, _, _ = load_reward_model(r["path"])
         assert model.config.hidden_size == TINY["hidden_size"]
     assert set(out["accuracy_rm"]["by_kind"]) <= {"number", "junk", "refusal", "unanswerable"}

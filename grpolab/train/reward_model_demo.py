@@ -85,8 +85,8 @@ def sft_backbone(
 
 def policy_wrong_pairs(policy, tokenizer, task, *, prompts: int, group_size: int = 8, seed: int = 0,
                        max_new_tokens: int = 8):
-    """Accuracy pairs whose rejected side is the policy's own mistake: for `prompts` answerable
-    prompts of the task's TRAINING side, `group_size` sampled completions each (temperature 1);
+    """Accuracy pairs whose rejected side is the policy's own mistake: for (up to) `prompts`
+    answerable prompts of the task's TRAINING side, `group_size` sampled completions each (temperature 1);
     every distinct completion that is not the answer gives PrefPair(prompt, answer, completion).
     These are the near misses a GRPO run on this policy will explore. Returns a list of PrefPair."""
     import torch
@@ -94,11 +94,8 @@ def policy_wrong_pairs(policy, tokenizer, task, *, prompts: int, group_size: int
     from grpolab.data.preferences import PrefPair
     from grpolab.rollout.hf import HFEngine, decode_completions
 
-    rng = random.Random(f"{seed}:policy_pairs")
-    items = []
-    while len(items) < prompts:
-        items += [it for it in task.train_prompts(rng, 2 * prompts) if it.meta["answerable"]]
-    items = items[:prompts]
+    rng = random.Random(f"{seed}:policy_pairs")  # up to `prompts`: fewer if the task is mostly unanswerable
+    items = [it for it in task.train_prompts(rng, 4 * prompts) if it.meta["answerable"]][:prompts]
     engine, gen = HFEngine(tokenizer, max_new_tokens), torch.Generator().manual_seed(seed)
     pairs = []
     with torch.no_grad():

@@ -260,7 +260,7 @@ def _dense_pair_loss(model, tokenizer, micro: Sequence[PrefPair], seqs, lm_coef:
                      divergence_coef: float) -> torch.Tensor:
     """Per-pair loss [m] with the divergence and LM terms (see accumulate_pair_gradients)."""
     from grpolab.algo.losses import divergence_pairwise_logsigmoid
-    from grpolab.algo.logprobs import token_logprobs
+    from grpolab.algo.logprobs import sequence_logprob, token_logprobs
 
     m = len(micro)
     device = next(model.parameters()).device
@@ -276,18 +276,16 @@ def _dense_pair_loss(model, tokenizer, micro: Sequence[PrefPair], seqs, lm_coef:
         emb = model.get_input_embeddings().weight
         logits = hidden[:m, :-1] @ emb.T  # position t predicts token t+1
         logp = token_logprobs(logits.float(), ids[:m, 1:])
-        first = torch.tensor([_prompt_len(tokenizer, p.prompt) for p in micro], device=device)
+        first = torch.tensor(_prompt_lens(tokenizer, [p.prompt for p in micro]), device=device)
         cols = torch.arange(1, ids.shape[1], device=device)
         counts = mask[:m, 1:].bool() & (cols[None] >= first[:, None])  # completion tokens (and EOS)
-        nll = -(logp * counts).sum(1) / counts.sum(1).clamp(min=1)
-        loss = loss + lm_coef * nll
+        loss = loss - lm_coef * sequence_logprob(logp, counts, mean=True)
     return loss
 
 
-def _prompt_len(tokenizer, prompt: str) -> int:
-    """Tokens of `prompt` alone, as encode_texts tokenizes it (special tokens included)."""
-    bos = tokenizer.bos_token
-    return len(tokenizer(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))["input_ids"])
+def _prompt_lens(tokenizer, prompts: Sequence[str]) -> list[int]:
+    """Token counts of each prompt alone, as encode_texts tokenizes it (special tokens included)."""
+    return [len(ids) for ids in encode_texts(tokenizer, prompts, [""] * len(prompts), append_eos=False)]
 
 
 def _batches(pairs: Sequence[PrefPair], batch_size: int, rng: random.Random):

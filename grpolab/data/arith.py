@@ -158,11 +158,7 @@ class ArithTask:
                 yield f"{op}|{pair[0]}|{pair[1]}", PromptItem(self._prompt(a, op, b), {**meta, "answer": self._answer(value)})
 
     def _answer(self, value: int) -> str:
-        text = str(value)
-        if not self.answer_lsb_first:
-            return text
-        sign, digits = ("-", text[1:]) if text.startswith("-") else ("", text)
-        return sign + digits[::-1]
+        return reverse_digits(str(value)) if self.answer_lsb_first else str(value)
 
     def _unanswerable(self, kind: str, op: str) -> Iterator[tuple[str, PromptItem]]:
         meta = {"answer": None, "answerable": False, "op": op, "kind": kind}
@@ -326,9 +322,9 @@ def wrong_answer(rng: random.Random, answer: str, lsb_first: bool = False) -> st
     wrong value is written the same way, so every digit position, the units too, can be the wrong one.
     Never equal to `answer`; never negative when `answer` is not; no leading zero.
     """
-    sign, digits = ("-", answer[1:]) if answer.startswith("-") else ("", answer)
-    msb = digits[::-1] if lsb_first else digits
-    value = int(sign + msb)
+    written = reverse_digits(answer) if lsb_first else answer
+    sign, msb = ("-", written[1:]) if written.startswith("-") else ("", written)
+    value = int(written)
     offsets = {str(value + d) for d in (-10, -1, 1, 10)}
     swaps = {sign + msb[:i] + msb[i + 1] + msb[i] + msb[i + 2 :] for i in range(len(msb) - 1)}
     replaced = {sign + msb[:i] + d + msb[i + 1 :] for i in range(len(msb)) for d in "0123456789" if d != msb[i]}
@@ -340,10 +336,13 @@ def wrong_answer(rng: random.Random, answer: str, lsb_first: bool = False) -> st
 
     kinds = [sorted(c for c in group if ok(c)) for group in (offsets, swaps, replaced)]
     pick = rng.choice(rng.choice([k for k in kinds if k]))
-    if not lsb_first:
-        return pick
-    body = pick.lstrip("-")
-    return ("-" if pick.startswith("-") else "") + body[::-1]
+    return reverse_digits(pick) if lsb_first else pick
+
+
+def reverse_digits(text: str) -> str:
+    """An integer's digits in the other order, the sign kept in front: "-123" <-> "-321"."""
+    sign, digits = ("-", text[1:]) if text.startswith("-") else ("", text)
+    return sign + digits[::-1]
 
 
 def _copy(item: PromptItem) -> PromptItem:

@@ -213,20 +213,17 @@ def build_demo_reward_models(
     return out
 
 
-def _training_pairs(task, tokenizer, key: str, recipe: dict[str, Any], rng: random.Random, *, seed: int,
-                    policy: Any, num_threads: int | None) -> list:
-    """The RM's training pairs: builtin pairs, with `policy_share` of them the policy's mistakes."""
-    from grpolab.data.preferences import accuracy_pairs, refusal_pairs
-
+def _training_pairs(task, tokenizer, key: str, make: Callable, recipe: dict[str, Any], rng: random.Random, *,
+                    seed: int, policy: Any, num_threads: int | None) -> list:
+    """The RM `key`'s training pairs: `make`'s builtin pairs, `policy_share` of them the policy's mistakes."""
     n = recipe["steps"] * recipe["batch_size"]
     share = recipe.get("policy_share", 0.0) if policy is not None else 0.0
     n_policy = round(n * share)
     mistakes = []
     if n_policy:
+        prompts = min(recipe["policy_prompts"], n_policy)  # never more prompts than pairs needed
         with torch_threads(num_threads):
-            prompts = min(recipe["policy_prompts"], n_policy)  # never more prompts than pairs needed
             mistakes = policy_wrong_pairs(policy, tokenizer, task, prompts=prompts, seed=seed)
-    make = accuracy_pairs if key == "accuracy_rm" else refusal_pairs
     train = make(task, rng, n - (n_policy if mistakes else 0), split="train")
     if mistakes:
         train += [mistakes[i % len(mistakes)] for i in range(n_policy)]
@@ -244,7 +241,7 @@ def _train_one(task, tokenizer, out_dir, key: str, init: Any, recipe: dict[str, 
     rng = random.Random(f"{seed}:{key}")
     steps, batch_size = recipe["steps"], recipe["batch_size"]
     heldout = make(task, random.Random(f"{seed}:{key}:heldout"), heldout_pairs, split="eval")
-    train = _training_pairs(task, tokenizer, key, recipe, rng, seed=seed, policy=policy, num_threads=num_threads)
+    train = _training_pairs(task, tokenizer, key, make, recipe, rng, seed=seed, policy=policy, num_threads=num_threads)
     tiny = DEMO_RM_SIZE if isinstance(init, str) and init == TINY_BASE else {}
     with torch_threads(num_threads):
         model = build_reward_model(init, tokenizer, seed=seed + offset, **tiny)

@@ -39,7 +39,7 @@ import torch
 
 from grpolab.algo.losses import pairwise_logsigmoid
 from grpolab.data.preferences import PrefPair
-from grpolab.train.setup import lr_lambda
+from grpolab.train.setup import adamw, lr_lambda
 
 RM_INFO_FILE = "grpolab_rm.json"
 TINY_BASE = "builtin:tiny"
@@ -333,7 +333,7 @@ def train_reward_model(
         steps = math.ceil(epochs * len(pairs) / batch_size)
     t0 = time.perf_counter()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    opt = adamw(params, lr=lr)
     warmup = max(1, steps // 10) if warmup_steps is None else warmup_steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda("cosine", warmup, steps))
     batches = _batches(pairs, batch_size, random.Random(seed))

@@ -85,6 +85,19 @@ def reference_factory(cfg: Config, policy) -> Callable | None:
     return ctx
 
 
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")
+
+
+def adamw(params, *, lr: float, weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999)):
+    """torch's AdamW, with its fused kernel when every parameter is a float tensor on a CPU or CUDA
+    device (what transformers' Trainer picks by default since torch 2.8), else the foreach one.
+    On this 2-core CPU one step over SmolLM2's 134.5M fp32 parameters takes 0.12 s fused against
+    0.48 s foreach (measured side by side); the update is the same to float rounding."""
+    params = list(params)
+    fused = bool(params) and all(p.is_floating_point() and p.device.type in FUSED_ADAMW_DEVICES for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, fused=fused or None)
+
+
 def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
     def f(i: int) -> float:
         if warmup and i < warmup:
@@ -243,8 +256,7 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     probe_rewards(rewards, [it.prompt for it in first], [{**it.meta, "truncated": False} for it in first],
                   cfg.train.on_reward_error)
     params = [p for p in policy.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
-                            betas=(0.9, cfg.train.adam_beta2))
+    opt = adamw(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=(0.9, cfg.train.adam_beta2))
     total = cfg.train.steps * cfg.optimizer_steps_per_step
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.train.lr_schedule, cfg.train.warmup_steps, total))
     device = next(policy.parameters()).device

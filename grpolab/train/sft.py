@@ -17,7 +17,7 @@ from grpolab.algo.losses import agg_normalizer, sft_nll
 from grpolab.data.collate import pack_pairs
 from grpolab.data.stream import shuffled_batches
 from grpolab.models.forward import completion_logprobs
-from grpolab.train.setup import lr_lambda
+from grpolab.train.setup import adamw, lr_lambda
 
 
 def train_sft(
@@ -43,7 +43,7 @@ def train_sft(
     if batch_size % microbatch_size:
         raise ValueError(f"sft: batch_size={batch_size} is not a multiple of microbatch_size={microbatch_size}")
     device = next(model.parameters()).device
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    opt = adamw([p for p in model.parameters() if p.requires_grad], lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda("cosine", max(1, steps // 20), steps))
     batches = shuffled_batches(pairs, batch_size, random.Random(seed))
     losses = []

@@ -1,0 +1,32 @@
+"""grpolab.train.setup helpers: the AdamW every trainer builds."""
+
+import torch
+
+from grpolab.train.setup import adamw
+
+
+def _params(seed: int, device: str = "cpu") -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(shape, generator=g).to(device)) for shape in ((7, 5), (5,), (3, 4, 2))]
+
+
+def test_adamw_is_fused_on_cpu_and_matches_the_foreach_update():
+    fused_p, ref_p = _params(0), _params(0)
+    opt = adamw(fused_p, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95))
+    ref = torch.optim.AdamW(ref_p, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), foreach=True)
+    assert opt.param_groups[0]["fused"] is True
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        for a, b in zip(fused_p, ref_p):
+            grad = torch.randn(a.shape, generator=g)
+            a.grad, b.grad = grad.clone(), grad.clone()
+        opt.step()
+        ref.step()
+    for a, b in zip(fused_p, ref_p):
+        torch.testing.assert_close(a, b)
+    assert not torch.equal(fused_p[0], _params(0)[0])  # the parameters did move
+
+
+def test_adamw_falls_back_where_no_fused_kernel_exists():
+    opt = adamw(_params(0, device="meta"), lr=1e-3)
+    assert not opt.param_groups[0]["fused"]

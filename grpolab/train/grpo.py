@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from grpolab.models.forward import batched_logprobs
+from grpolab.models.forward import batched_logprobs, length_buckets
 from grpolab.rollout.hf import decode_completions
 from grpolab.rollout.types import Rollout, scatter_rows
 from grpolab.train.setup import Setup
@@ -59,6 +59,9 @@ def train(s: Setup) -> list[dict]:
 def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
     """epochs × minibatches × microbatches; one optimizer step per minibatch.
 
+    A minibatch is a random draw of rows; its microbatches group rows of similar length
+    (`length_buckets`), so less padding is computed. The gradient is the minibatch's either way.
+
     Without a Phase-A old_logp (one minibatch per epoch), epoch 0 forwards every row under π_old
     before its only optimizer step (old = new.detach(), ratio ≡ 1); those log-probs are kept as
     old_logp for the later epochs, so π_old is never forwarded twice.
@@ -72,13 +75,14 @@ def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
             minibatch = ro.select(mb_idx)
             normalizer = s.objective.normalizer(minibatch.loss_mask)  # fixed before splitting
             s.optimizer.zero_grad(set_to_none=True)
-            loss_sum, logps = 0.0, []
-            for micro_idx in torch.arange(len(mb_idx)).split(cfg.train.microbatch_size):
+            loss_sum, logps, micro_rows = 0.0, [], []
+            for micro_idx in length_buckets(minibatch, cfg.train.microbatch_size):  # similar lengths: less padding
                 loss, stats = s.objective(s.train_model, minibatch.select(micro_idx), normalizer)
                 loss.backward()
                 st.add_micro(stats)
                 loss_sum += float(loss.detach())
                 logps.append(stats["logp"])
+                micro_rows.append(mb_idx[micro_idx])
             if ro.old_logp is None and epoch + 1 < cfg.train.epochs:  # every row, forwarded under π_old
-                ro = ro.replace(old_logp=scatter_rows(logps, mb_idx, tuple(ro.loss_mask.shape)))
+                ro = ro.replace(old_logp=scatter_rows(logps, torch.cat(micro_rows), tuple(ro.loss_mask.shape)))
             s.optimizer_step(st, loss_sum)

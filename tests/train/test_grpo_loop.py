@@ -151,3 +151,25 @@ def test_every_preset_runs_through_the_same_loop():
         rows = grpo.train(s)
         assert len(rows) == 1 and rows[0]["step"] == 0, name
         assert rows[0]["grad_norm"] >= 0
+
+
+def test_microbatches_group_rows_of_similar_length():
+    """Phase B splits each (random) minibatch into microbatches of rows sorted by length, so a
+    microbatch pads to its own longest row; every row is still trained on exactly once."""
+    cfg = _cfg("train.epochs=1", "train.minibatch_size=16", "train.microbatch_size=4", "train.steps=3",
+               "rollout.max_new_tokens=8", "rollout.temperature=2.0")
+    s = _setup(cfg)
+    seen = []
+
+    class Lengths(_Spy):
+        def __call__(self, model, micro, normalizer):
+            seen.append(micro.completion_lengths.tolist())
+            return self.obj(model, micro, normalizer)
+
+    s.objective = Lengths(s.objective)
+    grpo.train(s)
+    assert len(seen) == 3 * 4 and all(len(m) == 4 for m in seen)
+    assert len({n for m in seen for n in m}) > 1  # the rollouts did vary in length
+    for step in range(3):
+        micro = seen[4 * step : 4 * step + 4]
+        assert all(max(a) <= min(b) for a, b in zip(micro, micro[1:])), micro

@@ -88,7 +88,8 @@ def run(args) -> None:
     from vs_trl import run_grpolab
 
     w = Workload(model=args.model, prompts_per_step=args.prompts, microbatch_size=args.microbatch,
-                 dtype=args.dtype, max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta)
+                 dtype=args.dtype, max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta,
+                 lr=args.lr, grpolab_compile=args.compile)
     path = model_dir(w.model)
     tok = load_tokenizer(path)
     prompts = [p["prompt"] for p in prompt_set(model=w.model)]
@@ -97,7 +98,7 @@ def run(args) -> None:
     res = run_grpolab(w, args.steps, args.warmup)
     timed = res["steps"][res["warmup"]:]
     peak = peaks[w.dtype]
-    print(f"{w.model} {w.dtype}: P={w.prompts_per_step} G={w.group_size} mean prompt {prompt_len:.1f} tokens")
+    print(f"{w.model} {w.dtype}{' compiled' if w.grpolab_compile else ''}: P={w.prompts_per_step} G={w.group_size} mean prompt {prompt_len:.1f} tokens")
     print(f"{'phase':9} {'s':>7} {'GFLOP':>8} {'GFLOP/s':>8} {'of peak':>8}")
     total_f = total_t = 0.0
     for name in ("generate", "logprob", "learn"):
@@ -122,11 +123,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--beta", type=float, default=0.04)
+    p.add_argument("--lr", type=float, default=1e-4, help="use 1e-5 for smollm2, as vs_trl.py's SmolLM2 command")
     p.add_argument("--steps", type=int, default=3, help="timed steps")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="0 = torch's default")
     p.add_argument("--gemm", type=int, default=2048, help="M = N = K of the peak GEMM")
     p.add_argument("--peak-only", action="store_true")
+    p.add_argument("--compile", action="store_true",
+                   help="model.compile=true (torch.compile of the training forward; use --warmup >= 1)")
     return p.parse_args(argv)
 
 

@@ -183,6 +183,14 @@ def build_demo_reward_models(
     "number" pairs, 0.873 / 0.571 on π0's held-out mistakes; GRPO 0.364 -> 0.383 in 300 steps. The
     whole `demo --rewards rm` (seed 0, 400 steps): RMs 0.970 / 0.999 held out, accuracy 0.364 ->
     0.279, refusal recall 0.265 -> 1.000, 14 min 11 s: the RM is still not good enough.
+    A backbone that already does the arithmetic does not help (measured 2026-12-01, same recipe and
+    π0): the default 800-step backbone answers only 0.084 of the held-out prompts right when sampled
+    greedily, one SFT'd 1600 steps (lr 1e-3 or 2e-3, 150 s) answers 1.000, yet the accuracy RM on it
+    reaches only 0.907 held out (0.79 "number"; 0.741 of pairs and 0.378 of prompts on π0's mistakes).
+    Two extra zero-initialised layers on top of that backbone, frozen (depth to compare each written
+    digit with the previous position's prediction): 0.938 / 0.86, 0.80 / 0.46 on π0's mistakes, and
+    no better on the training prompts whose mistakes it was trained on (0.803 of pairs) than on other
+    training prompts (0.810): these RMs underfit, they do not memorize.
     """
     if backbone not in DEMO_RM_RECIPES:
         raise ValueError(f"build_demo_reward_models: backbone must be 'sft' or 'fresh', got {backbone!r}")

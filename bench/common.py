@@ -54,7 +54,9 @@ class Workload:
     """float32 | bfloat16 (autocast on both sides; master weights fp32)."""
     temperature: float = 1.0
     grpolab_compile: bool = False
-    """grpolab side only: model.compile (torch.compile of the training forward; TRL is left eager)."""
+    """grpolab side only: model.compile (torch.compile of the training forward)."""
+    trl_compile: bool = False
+    """TRL side only: TrainingArguments.torch_compile (the Trainer compiles the model it trains)."""
 
     @property
     def sequences_per_step(self) -> int:

@@ -125,6 +125,7 @@ def run_trl(w: Workload, steps: int, warmup: int) -> dict:
             max_steps=w.epochs * (warmup + steps), logging_steps=10**6, report_to="none", save_strategy="no",
             disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
             gradient_checkpointing=False,  # its fastest setting (TRL turns checkpointing on by default)
+            torch_compile=w.trl_compile,
         )
         trainer = GRPOTrainer(model=str(path), reward_funcs=reward, args=args, train_dataset=ds,
                               processing_class=tok)
@@ -249,7 +250,7 @@ def speed(args) -> None:
         w = Workload(model=args.model, prompts_per_step=args.prompts, group_size=args.group_size,
                      max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta, lr=args.lr,
                      microbatch_size=args.microbatch, seed=args.seed, dtype=dtype,
-                     grpolab_compile=args.grpolab_compile)
+                     grpolab_compile=args.grpolab_compile, trl_compile=args.trl_compile)
         runs: dict[str, list[dict]] = {s: [] for s in args.sides}
         for i in range(args.runs):
             for side in args.sides:  # A B A B: both sides see the same machine conditions
@@ -302,6 +303,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grpolab-compile", action="store_true",
                    help="grpolab side: model.compile=true (use --warmup >= 1: the first step compiles)")
+    p.add_argument("--trl-compile", action="store_true",
+                   help="TRL side: torch_compile=True (use --warmup >= 1: the first step compiles)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per run (0 = torch's default)")
     p.add_argument("--sides", nargs="+", choices=("grpolab", "trl"), default=["grpolab", "trl"])
     p.add_argument("--curve", action="store_true", help="training curves over --seeds instead of timing")

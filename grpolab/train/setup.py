@@ -90,7 +90,7 @@ FUSED_ADAMW_DEVICES = ("cpu", "cuda")
 
 def adamw(params, *, lr: float, weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999)):
     """torch's AdamW, with its fused kernel when every parameter is a float tensor on a CPU or CUDA
-    device (what transformers' Trainer picks by default since torch 2.8), else the foreach one.
+    device (what transformers' Trainer picks by default since torch 2.8), else torch's default one.
     On this 2-core CPU one step over SmolLM2's 134.5M fp32 parameters takes 0.12 s fused against
     0.48 s foreach (measured side by side); the update is the same to float rounding."""
     params = list(params)

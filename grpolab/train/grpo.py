@@ -75,14 +75,14 @@ def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
             minibatch = ro.select(mb_idx)
             normalizer = s.objective.normalizer(minibatch.loss_mask)  # fixed before splitting
             s.optimizer.zero_grad(set_to_none=True)
-            loss_sum, logps, micro_rows = 0.0, [], []
-            for micro_idx in length_buckets(minibatch, cfg.train.microbatch_size):  # similar lengths: less padding
+            loss_sum, logps = 0.0, []
+            micros = length_buckets(minibatch, cfg.train.microbatch_size)  # similar lengths: less padding
+            for micro_idx in micros:
                 loss, stats = s.objective(s.train_model, minibatch.select(micro_idx), normalizer)
                 loss.backward()
                 st.add_micro(stats)
                 loss_sum += float(loss.detach())
                 logps.append(stats["logp"])
-                micro_rows.append(mb_idx[micro_idx])
             if ro.old_logp is None and epoch + 1 < cfg.train.epochs:  # every row, forwarded under π_old
-                ro = ro.replace(old_logp=scatter_rows(logps, torch.cat(micro_rows), tuple(ro.loss_mask.shape)))
+                ro = ro.replace(old_logp=scatter_rows(logps, mb_idx[torch.cat(micros)], tuple(ro.loss_mask.shape)))
             s.optimizer_step(st, loss_sum)

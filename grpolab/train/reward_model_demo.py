@@ -97,16 +97,15 @@ def policy_wrong_pairs(policy, tokenizer, task, *, prompts: int, group_size: int
     rng = random.Random(f"{seed}:policy_pairs")  # up to `prompts`: fewer if the task is mostly unanswerable
     items = [it for it in task.train_prompts(rng, 4 * prompts) if it.meta["answerable"]][:prompts]
     engine, gen = HFEngine(tokenizer, max_new_tokens), torch.Generator().manual_seed(seed)
-    pairs = []
-    with torch.no_grad():
-        for start in range(0, len(items), 256):
-            chunk = items[start : start + 256]
-            texts = decode_completions(tokenizer, engine.generate(policy, [it.prompt for it in chunk], group_size,
-                                                                  generator=gen))
-            for i, it in enumerate(chunk):
-                answer = it.meta["answer"]
-                wrong = sorted(set(texts[i * group_size : (i + 1) * group_size]) - {answer})
-                pairs += [PrefPair(it.prompt, answer, w) for w in wrong if w.strip()]
+    pairs = []  # HFEngine.generate runs without grad
+    for start in range(0, len(items), 256):
+        chunk = items[start : start + 256]
+        texts = decode_completions(tokenizer, engine.generate(policy, [it.prompt for it in chunk], group_size,
+                                                              generator=gen))
+        for i, it in enumerate(chunk):
+            answer = it.meta["answer"]
+            wrong = sorted(set(texts[i * group_size : (i + 1) * group_size]) - {answer})
+            pairs += [PrefPair(it.prompt, answer, w) for w in wrong if w.strip()]
     return pairs
 
 
@@ -221,11 +220,10 @@ def build_demo_reward_models(
     return out
 
 
-def _training_pairs(task, tokenizer, key: str, make: Callable, recipe: dict[str, Any], rng: random.Random, *,
-                    seed: int, policy: Any, num_threads: int | None) -> list:
-    """The RM `key`'s training pairs: `make`'s builtin pairs, `policy_share` of them the policy's mistakes."""
+def _training_pairs(task, tokenizer, key: str, make: Callable, recipe: dict[str, Any], rng: random.Random,
+                    share: float, *, seed: int, policy: Any, num_threads: int | None) -> list:
+    """The RM `key`'s training pairs: `make`'s builtin pairs, `share` of them the policy's mistakes."""
     n = recipe["steps"] * recipe["batch_size"]
-    share = recipe.get("policy_share", 0.0) if policy is not None else 0.0
     n_policy = round(n * share)
     mistakes = []
     if n_policy:
@@ -249,7 +247,9 @@ def _train_one(task, tokenizer, out_dir, key: str, init: Any, recipe: dict[str, 
     rng = random.Random(f"{seed}:{key}")
     steps, batch_size = recipe["steps"], recipe["batch_size"]
     heldout = make(task, random.Random(f"{seed}:{key}:heldout"), heldout_pairs, split="eval")
-    train = _training_pairs(task, tokenizer, key, make, recipe, rng, seed=seed, policy=policy, num_threads=num_threads)
+    share = recipe.get("policy_share", 0.0) if policy is not None else 0.0
+    train = _training_pairs(task, tokenizer, key, make, recipe, rng, share, seed=seed, policy=policy,
+                            num_threads=num_threads)
     tiny = DEMO_RM_SIZE if isinstance(init, str) and init == TINY_BASE else {}
     with torch_threads(num_threads):
         model = build_reward_model(init, tokenizer, seed=seed + offset, **tiny)
@@ -268,6 +268,6 @@ def _train_one(task, tokenizer, out_dir, key: str, init: Any, recipe: dict[str, 
             "heldout_accuracy": acc, "heldout_margin": margin, "heldout_by_kind": by_kind,
             "train_pairs": len(train), "heldout_pairs": len(heldout), "steps": steps,
             "lm_coef": recipe.get("lm_coef", 0.0), "divergence_coef": recipe.get("divergence_coef", 0.0),
-            "policy_share": recipe.get("policy_share", 0.0) if policy is not None else 0.0}
+            "policy_share": share}
     path = save_reward_model(model, tokenizer, Path(out_dir) / f"rm_{name}", info=info)
     return {"path": str(path), "heldout_accuracy": acc, "margin": margin, "by_kind": by_kind}

@@ -338,34 +338,67 @@ def _kill_namespace(unshare_pid: int) -> None:
 
 def _kill_tagged(uid: int, token: str) -> None:
     """SIGKILLs leftover processes of this run (setuid mode), found by uid and environment token:
-    e.g. ones that left the process group with setsid."""
+    e.g. ones that left the process group with setsid. A process of the uid whose environ cannot
+    be read (ESRCH) or reads empty is already exiting (e.g. killed with the group) or a zombie: it
+    is matched too, so that `_kill_until_gone` waits until it has died (killing it is a no-op)."""
     needle = f"{_TOKEN_VAR}={token}".encode()
 
     def match(pid: str) -> bool:
         if os.stat(f"/proc/{pid}").st_uid != uid:
             return False
-        with open(f"/proc/{pid}/environ", "rb") as f:  # empty for a zombie
-            return needle in f.read().split(b"\0")
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+        except ProcessLookupError:  # still listed, but exiting: its memory is gone
+            return True
+        return not environ or needle in environ.split(b"\0")
 
     _kill_until_gone(match)
 
 
 def _kill_until_gone(match: Callable[[str], bool], limit_s: float = 5.0) -> None:
     """Scans /proc and SIGKILLs every live process `match` accepts, until a scan finds none (they
-    may be forking meanwhile) or `limit_s` passes. A process that vanishes mid-check is skipped."""
+    may be forking meanwhile) and every process killed has died (or `limit_s` passes). A process
+    that vanishes mid-check is skipped. The wait matters: a killed process stays alive for a while
+    as it exits, and `match` may no longer see it then (its environ reads empty once its memory is
+    gone), so an empty scan alone does not mean nothing is left."""
     deadline = time.monotonic() + limit_s
+    killed: dict[int, str] = {}  # pid -> its start time, so a reused pid is not waited for
     while time.monotonic() < deadline:
         found = False
         for pid in os.listdir("/proc"):
             try:
                 if pid.isdigit() and match(pid):
+                    fields = _stat_fields(int(pid))
+                    if fields[0] in _DEAD_STATES:
+                        continue
                     os.kill(int(pid), signal.SIGKILL)
+                    killed[int(pid)] = fields[19]  # field 22 of proc(5): start time
                     found = True
             except OSError:
                 continue
-        if not found:
+        killed = {pid: start for pid, start in killed.items() if _still_running(pid, start)}
+        if not found and not killed:
             return
         time.sleep(0.01)
+
+
+_DEAD_STATES = ("Z", "X", "x")  # zombie, dead
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat after the command name: [state, ppid, ...] (OSError if the process is gone)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def _still_running(pid: int, start: str) -> bool:
+    """Whether process `pid` (started at `start`) exists and has not yet died (zombie or dead)."""
+    try:
+        fields = _stat_fields(pid)
+    except OSError:
+        return False
+    return fields[19] == start and fields[0] not in _DEAD_STATES
 
 
 def _reap_orphans(uids: range) -> None:
@@ -377,8 +410,7 @@ def _reap_orphans(uids: range) -> None:
             try:
                 if not pid.isdigit() or int(pid) in _ACTIVE or os.stat(f"/proc/{pid}").st_uid not in uids:
                     continue
-                with open(f"/proc/{pid}/stat") as f:
-                    state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+                state, ppid = _stat_fields(int(pid))[:2]
                 if state == "Z" and ppid == me:
                     os.waitpid(int(pid), os.WNOHANG)
             except (OSError, ValueError):

@@ -282,6 +282,40 @@ def test_orphans_reparented_to_us_are_reaped(tmp_path):
     assert out.stdout.strip() == "zombies 0"
 
 
+def test_a_leftover_whose_environ_cannot_be_read_is_killed_and_waited_for(monkeypatch):
+    """Setuid mode finds a run's leftovers by uid and environment token. A process already exiting
+    (e.g. killed with its group) is still listed, but opening its environ fails with ESRCH: it must
+    count as a leftover and be waited for, or the run returns while it is still alive (a CI flake of
+    the fork-bomb test). Simulated here: a sleeping process of a sandbox uid whose environ 'fails'."""
+    if not _mode_works("setuid"):
+        pytest.skip("isolation 'setuid' does not work here")
+    info = sandbox_info("setuid")
+    uid = info["uids"][0]
+    proc = subprocess.Popen([info["python"], "-c", "import time; time.sleep(60)"], user=uid, group=uid,
+                            extra_groups=[], cwd="/", start_new_session=True)
+    real_open = open
+
+    def exiting_open(path, *args, **kwargs):
+        if str(path) == f"/proc/{proc.pid}/environ":
+            raise ProcessLookupError(3, "No such process")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(sandbox, "open", exiting_open, raising=False)
+    try:
+        sandbox._kill_tagged(uid, "not-this-process's-token")
+        assert proc.poll() is not None or _state(proc.pid) == "Z", "the leftover is still running"
+        assert proc.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 @pytest.mark.parametrize("kwargs", [
     dict(timeout_s=0), dict(timeout_s=float("inf")), dict(memory_mb=-1), dict(max_procs=0),
     dict(cpu_s=0), dict(max_output_bytes=True), dict(isolation="docker"),

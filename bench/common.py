@@ -55,6 +55,8 @@ class Workload:
     temperature: float = 1.0
     grpolab_compile: bool = False
     """grpolab side only: model.compile (torch.compile of the training forward)."""
+    grpolab_compile_decode: bool = False
+    """grpolab side only: rollout.compile (static KV cache, torch.compile'd decode step)."""
     trl_compile: bool = False
     """TRL side only: TrainingArguments.torch_compile (the Trainer compiles the model it trains)."""
 

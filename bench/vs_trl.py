@@ -71,7 +71,7 @@ def run_grpolab(w: Workload, steps: int, warmup: int) -> dict:
         f"train.microbatch_size={w.microbatch_size}", f"train.lr={w.lr}", f"train.seed={w.seed}",
         f"train.steps={warmup + steps}", "train.max_grad_norm=1.0", "run.progress=false",
         "run.tensorboard=false", "run.peak_tflops=1", "data.max_prompt_tokens=64",
-        f"model.compile={str(w.grpolab_compile).lower()}",
+        f"model.compile={str(w.grpolab_compile).lower()}", f"rollout.compile={str(w.grpolab_compile_decode).lower()}",
     ])
     cfg = cfg.replace(rewards=[{"name": "bench_digits", "weight": 1.0}])
     torch.manual_seed(w.seed)
@@ -250,7 +250,8 @@ def speed(args) -> None:
         w = Workload(model=args.model, prompts_per_step=args.prompts, group_size=args.group_size,
                      max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta, lr=args.lr,
                      microbatch_size=args.microbatch, seed=args.seed, dtype=dtype,
-                     grpolab_compile=args.grpolab_compile, trl_compile=args.trl_compile)
+                     grpolab_compile=args.grpolab_compile, trl_compile=args.trl_compile,
+                     grpolab_compile_decode=args.grpolab_compile_decode)
         runs: dict[str, list[dict]] = {s: [] for s in args.sides}
         for i in range(args.runs):
             for side in args.sides:  # A B A B: both sides see the same machine conditions
@@ -303,6 +304,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grpolab-compile", action="store_true",
                    help="grpolab side: model.compile=true (use --warmup >= 1: the first step compiles)")
+    p.add_argument("--grpolab-compile-decode", action="store_true",
+                   help="grpolab side: rollout.compile=true (compiled decode step; --warmup >= 1)")
     p.add_argument("--trl-compile", action="store_true",
                    help="TRL side: torch_compile=True (use --warmup >= 1: the first step compiles)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per run (0 = torch's default)")

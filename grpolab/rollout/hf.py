@@ -18,8 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from grpolab.models.forward import autocast
+from grpolab.rollout import static
 from grpolab.rollout.cache import new_decode_cache
 from grpolab.rollout.sampling import greedy_tokens, sample_tokens
 from grpolab.rollout.types import Rollout, position_ids
@@ -36,6 +38,10 @@ class HFEngine:
     preallocate_cache: bool = True
     """KV cache allocated once per batch and written in place (rollout/cache.py); False = the
     model's own DynamicCache (same samples, slower)."""
+    compile: bool = False
+    """Decode with a static KV cache and a torch.compile'd step (rollout/static.py): pays on small,
+    overhead-bound models over a run of same-size rollouts; falls back to the eager loop for a
+    model without a StaticCache."""
 
     def encode_prompts(self, prompts: Sequence[str], device) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids [P, Lp] and attention mask [P, Lp] bool."""
@@ -60,7 +66,8 @@ class HFEngine:
             # one autocast region around the whole loop: autocast caches its bf16 copy of the
             # weights until the outermost region exits, so they are cast once, not at every step
             with autocast(self.compute_dtype, str(device)):
-                comp, samp_lp, finished = self._decode(model, ids, am, group_size, generator, greedy)
+                out = self._decode_static(model, ids, am, group_size, generator, greedy) if self.compile else None
+                comp, samp_lp, finished = out or self._decode(model, ids, am, group_size, generator, greedy)
         finally:
             model.train(was_training)
         if device.type == "cpu":
@@ -81,6 +88,12 @@ class HFEngine:
             out = model(use_cache=True, logits_to_keep=1, **kw)
         return getattr(out, "cache", None) or out.past_key_values, out.logits[:, -1].float()
 
+    def _next_tokens(self, logits, generator, greedy):
+        """(tokens [B], log-probs [B]) of the next position."""
+        if greedy:
+            return greedy_tokens(logits)
+        return sample_tokens(logits, self.temperature, self.top_k, self.top_p, generator)
+
     def _decode(self, model, ids, am, group_size, generator, greedy):
         """The sampling loop. Returns completion ids [N, Lc], sampler log-probs [N, Lc], finished [N]."""
         eos, pad = self._eos_id(), self._pad_id()
@@ -100,10 +113,7 @@ class HFEngine:
         next_pos = position_ids(am)[:, -1] + 1
         steps = 0
         for t in range(self.max_new_tokens):
-            if greedy:
-                tok, lp = greedy_tokens(logits)
-            else:
-                tok, lp = sample_tokens(logits, self.temperature, self.top_k, self.top_p, generator)
+            tok, lp = self._next_tokens(logits, generator, greedy)
             tokens[active, t], samp_lp[active, t] = tok, lp
             steps = t + 1
             done = tok == eos
@@ -117,6 +127,40 @@ class HFEngine:
             attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
             cache, logits = self._forward(model, cache, input_ids=tok[:, None], attention_mask=attn,
                                           position_ids=next_pos[:, None])
+            next_pos = next_pos + 1
+        return tokens[:, :steps], samp_lp[:, :steps], finished
+
+    def _decode_static(self, model, ids, am, group_size, generator, greedy):
+        """The sampling loop of `compile` (rollout/static.py): every row decodes until all have
+        finished; a finished row's later tokens are pad with log-prob 0, as `_decode` leaves them.
+        Same returns as `_decode`, or None when the model has no StaticCache."""
+        eos, pad = self._eos_id(), self._pad_id()
+        width = -(-ids.shape[1] // static.PROMPT_BUCKET) * static.PROMPT_BUCKET
+        ids = F.pad(ids, (width - ids.shape[1], 0), value=pad)  # more left padding: masked out
+        am = F.pad(am, (width - am.shape[1], 0), value=False)
+        cache = static.new_static_cache(model, width + self.max_new_tokens)
+        if cache is None:
+            return None
+        cache, logits = self._forward(model, cache, input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am))
+        static.repeat_rows(cache, group_size)
+        logits = logits.repeat_interleave(group_size, 0)
+        n = logits.shape[0]
+        mask = F.pad(am.long(), (0, self.max_new_tokens)).repeat_interleave(group_size, 0)  # [N, width + T]
+        next_pos = position_ids(am)[:, -1].repeat_interleave(group_size, 0)[:, None] + 1
+        tokens = torch.full((n, self.max_new_tokens), pad, dtype=torch.long, device=ids.device)
+        samp_lp = torch.zeros(n, self.max_new_tokens, dtype=torch.float32, device=ids.device)
+        finished = torch.zeros(n, dtype=torch.bool, device=ids.device)
+        step, kwarg, steps = static.compiled_step(), _cache_kwarg(type(model)), 0
+        for t in range(self.max_new_tokens):
+            tok, lp = self._next_tokens(logits, generator, greedy)
+            tokens[:, t] = tok.masked_fill(finished, pad)
+            samp_lp[:, t] = lp.masked_fill(finished, 0.0)
+            finished |= tok == eos
+            steps = t + 1
+            if t == self.max_new_tokens - 1 or bool(finished.all()):
+                break
+            mask[:, width + t] = 1
+            logits = step(model, kwarg, cache, tokens[:, t : t + 1], mask, next_pos)
             next_pos = next_pos + 1
         return tokens[:, :steps], samp_lp[:, :steps], finished
 

@@ -1,0 +1,69 @@
+"""A compiled decode loop (`rollout.compile`): static KV cache, one torch.compile'd decode step.
+
+The default loop (rollout/hf.py) is eager and shrinks its batch as rows finish. On a small model a
+decode step is mostly overhead: the bench's 3.4M-parameter fixture spends about 8 ms of a 17 ms
+step at batch 128 in Python and small kernels (8 ms at batch 1). This loop gives every decode step
+the same shapes, so torch.compile turns it into one graph:
+- the KV cache is transformers' `StaticCache`, sized for the prompt (its width rounded up to a
+  multiple of `PROMPT_BUCKET`, padded on the left) plus `max_new_tokens`;
+- the attention mask has that full width from the start (the columns not yet written are 0);
+- finished rows are not dropped: they keep decoding, and their tokens are discarded (pad, log-prob
+  0), exactly as the default loop leaves them.
+The compiled step depends only on (rows, prompt bucket): one compilation per pair (the fixture
+about 20 s, SmolLM2-135M about 90 s), so it pays over a run of fixed-size rollouts. Measured side
+by side: the fixture's 128 × 32 rollout 0.31-0.40 s compiled vs 0.45-0.55 s for the same loop
+eager; SmolLM2 (32 rows) gains little (4.8 vs 5.8 s with bf16 weights, and noise at autocast).
+
+Numerics: the same model forward, fused by the compiler; greedy tokens equal the eager loop's and
+log-probs agree to float rounding (tests/rollout/test_static.py). The prefill runs eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+PROMPT_BUCKET = 16
+"""Prompt widths are rounded up to a multiple of this, so that batches of nearby prompt lengths
+share one compiled graph."""
+
+
+def new_static_cache(model: torch.nn.Module, max_cache_len: int):
+    """transformers' StaticCache for `model`, or None when its config does not give one."""
+    from transformers.cache_utils import StaticCache
+
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    try:
+        return StaticCache(config=config, max_cache_len=max_cache_len)
+    except Exception:  # noqa: BLE001 - an unusual config: the caller falls back to the eager loop
+        return None
+
+
+def repeat_rows(cache, repeats: int) -> None:
+    """Repeats each row of a filled StaticCache `repeats` times (row i -> rows i·r .. i·r + r - 1):
+    a prompt's prefill shared by the G samples of its group. StaticLayer has no
+    batch_repeat_interleave of its own."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.repeat_interleave(repeats, dim=0)
+        layer.values = layer.values.repeat_interleave(repeats, dim=0)
+        layer.batch_size = layer.keys.shape[0]
+
+
+def _decode_step(model, cache_kwarg: str, cache, tokens, attention_mask, positions):
+    """One decode step: logits [N, V] (fp32) of the next token. tokens, positions: [N, 1];
+    attention_mask: [N, L] over the whole static cache."""
+    out = model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions,
+                use_cache=True, logits_to_keep=1, **{cache_kwarg: cache})
+    return out.logits[:, -1].float()
+
+
+_compiled_step = None
+
+
+def compiled_step():
+    """The torch.compile'd `_decode_step` (static shapes), built on first use."""
+    global _compiled_step
+    if _compiled_step is None:
+        _compiled_step = torch.compile(_decode_step, dynamic=False)
+    return _compiled_step

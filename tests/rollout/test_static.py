@@ -1,0 +1,76 @@
+"""The compiled decode loop (rollout.compile) samples from the same distribution as the eager one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpolab.models.forward import batched_logprobs
+from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+from grpolab.rollout import static
+from grpolab.rollout.hf import HFEngine
+
+# prompts of different widths: the static loop pads them further on the left, to a bucket of 16
+PROMPTS = ["12+7=", "3-1=", "99+99=", "1234+5678="]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tok = build_char_tokenizer()
+    return build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=0).eval(), tok
+
+
+def _generate(model, tok, compile_, greedy, seed=3):
+    eng = HFEngine(tok, max_new_tokens=12, compile=compile_)
+    return eng.generate(model, PROMPTS, 3, generator=torch.Generator().manual_seed(seed), greedy=greedy)
+
+
+def test_greedy_tokens_equal_the_eager_loop(tiny, monkeypatch):
+    model, tok = tiny
+    eager = _generate(model, tok, False, True)
+    steps = []
+    step = static.compiled_step()
+    monkeypatch.setattr(static, "compiled_step", lambda: lambda *a: steps.append(1) or step(*a))
+    comp = _generate(model, tok, True, True)
+    assert len(steps) == comp.completion_ids.shape[1] - 1  # the compiled loop ran every decode step
+    assert torch.equal(eager.input_ids, comp.input_ids)
+    assert torch.equal(eager.loss_mask, comp.loss_mask) and torch.equal(eager.truncated, comp.truncated)
+    torch.testing.assert_close(comp.sampler_logp, eager.sampler_logp)
+
+
+def test_sampled_log_probs_are_the_policy_s_and_finished_rows_are_padded(tiny):
+    """Each sampled token's recorded log-prob equals a plain full forward's (cache, mask and
+    positions of the static loop are right); after its EOS a row holds pad with log-prob 0."""
+    model, tok = tiny
+    ro = _generate(model, tok, True, False)
+    assert (~ro.truncated).any() and ro.truncated.any()  # some rows finished early, some did not
+    ref = batched_logprobs(model, ro, 1.0, 64)
+    torch.testing.assert_close(ro.sampler_logp[ro.loss_mask], ref[ro.loss_mask])
+    after_eos = ~ro.loss_mask
+    assert (ro.completion_ids[after_eos] == tok.pad_token_id).all()
+    assert (ro.sampler_logp[after_eos] == 0).all()
+
+
+def test_repeat_rows_shares_each_prompt_among_its_group(tiny):
+    model, _ = tiny
+    cache = static.new_static_cache(model, 8)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[5, 6], [7, 8]]), use_cache=True, **{_cache_kwarg(model): cache})
+    before = cache.layers[0].keys.clone()
+    static.repeat_rows(cache, 3)
+    after = cache.layers[0].keys
+    assert after.shape[0] == 6 and cache.layers[0].batch_size == 6
+    torch.testing.assert_close(after, before.repeat_interleave(3, dim=0), rtol=0, atol=0)
+
+
+def test_a_model_without_a_static_cache_uses_the_eager_loop(tiny, monkeypatch):
+    model, tok = tiny
+    monkeypatch.setattr(static, "new_static_cache", lambda *a, **k: None)
+    out = _generate(model, tok, True, True)
+    torch.testing.assert_close(out.sampler_logp, _generate(model, tok, False, True).sampler_logp)
+
+
+def _cache_kwarg(model) -> str:
+    from grpolab.rollout.hf import _cache_kwarg as kwarg
+
+    return kwarg(type(model))

@@ -80,7 +80,7 @@ class RolloutConfig:
     """Generation engine: hf (default) or vllm (GPU, optional extra)."""
     compile: bool = False
     """hf engine: decode with a static KV cache and a torch.compile'd step (rollout/static.py).
-    Pays on small models whose decode step is overhead-bound (bench fixture: 1.3-1.5× faster
+    Pays on small models whose decode step is overhead-bound (bench fixture: about 1.3× faster
     rollouts), not on SmolLM2-135M; each new (rows, prompt width bucket) compiles once (~20-90 s),
     and finished rows keep decoding instead of leaving the batch."""
 

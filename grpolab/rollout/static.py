@@ -10,9 +10,9 @@ the same shapes, so torch.compile turns it into one graph:
 - finished rows are not dropped: they keep decoding, and their tokens are discarded (pad, log-prob
   0), exactly as the default loop leaves them.
 The compiled step depends only on (rows, prompt bucket): one compilation per pair (the fixture
-about 20 s, SmolLM2-135M about 90 s), so it pays over a run of fixed-size rollouts. Measured side
-by side: the fixture's 128 × 32 rollout 0.31-0.40 s compiled vs 0.45-0.55 s for the same loop
-eager; SmolLM2 (32 rows) gains little (4.8 vs 5.8 s with bf16 weights, and noise at autocast).
+about 20 s, SmolLM2-135M about 90 s), so it pays over a run of fixed-size rollouts. Measured in
+the training loop (bench/README.md): the fixture's 128 × 32 rollout 0.47-0.55 s against about
+0.64-0.72 s for the eager loop; SmolLM2 (32 rows) gains little, so it is off by default.
 
 Numerics: the same model forward, fused by the compiler; greedy tokens equal the eager loop's and
 log-probs agree to float rounding (tests/rollout/test_static.py). The prefill runs eagerly.

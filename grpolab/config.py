@@ -77,7 +77,7 @@ class RolloutConfig:
     top_k: int = 0
     """Top-k sampling (0 = off)."""
     engine: str = "hf"
-    """Generation engine: hf (default) or vllm (GPU, optional extra)."""
+    """Generation engine: hf (the only one so far; vllm, the planned GPU engine, is rejected)."""
     compile: bool = False
     """hf engine: decode with a static KV cache and a torch.compile'd step (rollout/static.py).
     Pays on small models whose decode step is overhead-bound (bench fixture: about 1.3× faster

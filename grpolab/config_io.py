@@ -248,6 +248,9 @@ def validate_config(cfg) -> None:
     _choice(t.lr_schedule, ("constant", "cosine", "linear"), "train.lr_schedule")
     _choice(cfg.model.dtype, ("float32", "bfloat16", "auto"), "model.dtype")
     _choice(r.engine, ("hf", "vllm"), "rollout.engine")
+    if r.engine == "vllm":  # named in the design, not built yet: say so rather than fall back to hf
+        raise _err("rollout.engine='vllm': the vLLM engine is not available in this version; use 'hf' "
+                   "(rollout.compile=true speeds up the decode of small models)")
     _choice(t.on_reward_error, ("raise", "zero", "skip_group"), "train.on_reward_error")
     positive = {
         "rollout.prompts_per_step": r.prompts_per_step, "rollout.group_size": r.group_size,

@@ -67,6 +67,7 @@ def test_overrides_parse_types():
         ("loss.dual_clip=0.5", "loss.dual_clip=0.5 must be > 1"),
         ("train.lr=-1", "train.lr=-1.0 must be > 0"),
         ("noequals", "expected key=value"),
+        ("rollout.engine=vllm", "the vLLM engine is not available"),
     ],
 )
 def test_bad_overrides_name_the_field(override, needle):

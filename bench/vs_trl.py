@@ -244,14 +244,19 @@ def report(name: str, runs: dict[str, list[dict]]) -> dict:
     return meds
 
 
+def workload(args, dtype: str, seed: int) -> Workload:
+    """The command line's workload (the speed runs and the training curves use the same settings)."""
+    return Workload(model=args.model, prompts_per_step=args.prompts, group_size=args.group_size,
+                    max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta, lr=args.lr,
+                    microbatch_size=args.microbatch, seed=seed, dtype=dtype,
+                    grpolab_compile=args.grpolab_compile, trl_compile=args.trl_compile,
+                    grpolab_compile_decode=args.grpolab_compile_decode)
+
+
 def speed(args) -> None:
     out = {}
     for dtype in args.dtype:
-        w = Workload(model=args.model, prompts_per_step=args.prompts, group_size=args.group_size,
-                     max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta, lr=args.lr,
-                     microbatch_size=args.microbatch, seed=args.seed, dtype=dtype,
-                     grpolab_compile=args.grpolab_compile, trl_compile=args.trl_compile,
-                     grpolab_compile_decode=args.grpolab_compile_decode)
+        w = workload(args, dtype, args.seed)
         runs: dict[str, list[dict]] = {s: [] for s in args.sides}
         for i in range(args.runs):
             for side in args.sides:  # A B A B: both sides see the same machine conditions
@@ -272,9 +277,7 @@ def curve(args) -> None:
     """Reward per step, per side and seed, then the mean over seeds side by side."""
     curves: dict[str, list[list[float]]] = {s: [] for s in args.sides}
     for seed in args.seeds:
-        w = Workload(model=args.model, prompts_per_step=args.prompts, group_size=args.group_size,
-                     max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta, lr=args.lr,
-                     microbatch_size=args.microbatch, seed=seed, dtype=args.dtype[0])
+        w = workload(args, args.dtype[0], seed)
         for side in args.sides:
             res = spawn(side, w, args.steps, 0, args.threads)
             curves[side].append([r["reward"] for r in res["steps"]])

@@ -94,6 +94,12 @@ class HFEngine:
             return greedy_tokens(logits)
         return sample_tokens(logits, self.temperature, self.top_k, self.top_p, generator)
 
+    def _outputs(self, n: int, pad: int, device):
+        """Empty results of a decode loop: tokens [N, T] (pad), sampler log-probs [N, T] (0), finished [N]."""
+        return (torch.full((n, self.max_new_tokens), pad, dtype=torch.long, device=device),
+                torch.zeros(n, self.max_new_tokens, dtype=torch.float32, device=device),
+                torch.zeros(n, dtype=torch.bool, device=device))
+
     def _decode(self, model, ids, am, group_size, generator, greedy):
         """The sampling loop. Returns completion ids [N, Lc], sampler log-probs [N, Lc], finished [N]."""
         eos, pad = self._eos_id(), self._pad_id()
@@ -105,9 +111,7 @@ class HFEngine:
             logits = logits.repeat_interleave(group_size, 0)
             am = am.repeat_interleave(group_size, 0)
         n = am.shape[0]
-        tokens = torch.full((n, self.max_new_tokens), pad, dtype=torch.long, device=ids.device)
-        samp_lp = torch.zeros(n, self.max_new_tokens, dtype=torch.float32, device=ids.device)
-        finished = torch.zeros(n, dtype=torch.bool, device=ids.device)
+        tokens, samp_lp, finished = self._outputs(n, pad, ids.device)
         active = torch.arange(n, device=ids.device)  # rows still decoding, in cache order
         attn = am.long()
         next_pos = position_ids(am)[:, -1] + 1
@@ -147,9 +151,7 @@ class HFEngine:
         n = logits.shape[0]
         mask = F.pad(am.long(), (0, self.max_new_tokens)).repeat_interleave(group_size, 0)  # [N, width + T]
         next_pos = position_ids(am)[:, -1].repeat_interleave(group_size, 0)[:, None] + 1
-        tokens = torch.full((n, self.max_new_tokens), pad, dtype=torch.long, device=ids.device)
-        samp_lp = torch.zeros(n, self.max_new_tokens, dtype=torch.float32, device=ids.device)
-        finished = torch.zeros(n, dtype=torch.bool, device=ids.device)
+        tokens, samp_lp, finished = self._outputs(n, pad, ids.device)
         step, kwarg, steps = static.compiled_step(), _cache_kwarg(type(model)), 0
         for t in range(self.max_new_tokens):
             tok, lp = self._next_tokens(logits, generator, greedy)

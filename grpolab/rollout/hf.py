@@ -88,6 +88,17 @@ class HFEngine:
             out = model(use_cache=True, logits_to_keep=1, **kw)
         return getattr(out, "cache", None) or out.past_key_values, out.logits[:, -1].float()
 
+    def _prefill(self, model, cache, ids, am, group_size):
+        """Forwards each prompt once and shares its cache among the G samples of its group.
+        Returns (cache, next-token logits [N, V], attention mask [N, Lp], next positions [N])."""
+        cache, logits = self._forward(model, cache, input_ids=ids, attention_mask=am.long(),
+                                      position_ids=position_ids(am))
+        next_pos = position_ids(am)[:, -1] + 1
+        if group_size > 1:
+            cache.batch_repeat_interleave(group_size)
+            logits, am, next_pos = (x.repeat_interleave(group_size, 0) for x in (logits, am, next_pos))
+        return cache, logits, am, next_pos
+
     def _next_tokens(self, logits, generator, greedy):
         """(tokens [B], log-probs [B]) of the next position."""
         if greedy:
@@ -104,17 +115,11 @@ class HFEngine:
         """The sampling loop. Returns completion ids [N, Lc], sampler log-probs [N, Lc], finished [N]."""
         eos, pad = self._eos_id(), self._pad_id()
         cache = new_decode_cache(model, self.max_new_tokens) if self.preallocate_cache else None
-        cache, logits = self._forward(model, cache, input_ids=ids, attention_mask=am.long(),
-                                      position_ids=position_ids(am))
-        if group_size > 1:  # prefill once, then share the prompt's cache among its G samples
-            cache.batch_repeat_interleave(group_size)
-            logits = logits.repeat_interleave(group_size, 0)
-            am = am.repeat_interleave(group_size, 0)
+        cache, logits, am, next_pos = self._prefill(model, cache, ids, am, group_size)
         n = am.shape[0]
         tokens, samp_lp, finished = self._outputs(n, pad, ids.device)
         active = torch.arange(n, device=ids.device)  # rows still decoding, in cache order
         attn = am.long()
-        next_pos = position_ids(am)[:, -1] + 1
         steps = 0
         for t in range(self.max_new_tokens):
             tok, lp = self._next_tokens(logits, generator, greedy)
@@ -145,12 +150,9 @@ class HFEngine:
         cache = static.new_static_cache(model, width + self.max_new_tokens)
         if cache is None:
             return None
-        cache, logits = self._forward(model, cache, input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am))
-        static.repeat_rows(cache, group_size)
-        logits = logits.repeat_interleave(group_size, 0)
-        n = logits.shape[0]
-        mask = F.pad(am.long(), (0, self.max_new_tokens)).repeat_interleave(group_size, 0)  # [N, width + T]
-        next_pos = position_ids(am)[:, -1].repeat_interleave(group_size, 0)[:, None] + 1
+        cache, logits, am, next_pos = self._prefill(model, cache, ids, am, group_size)
+        n, next_pos = am.shape[0], next_pos[:, None]
+        mask = F.pad(am.long(), (0, self.max_new_tokens))  # [N, width + T]: the whole static cache
         tokens, samp_lp, finished = self._outputs(n, pad, ids.device)
         step, kwarg, steps = static.compiled_step(), _cache_kwarg(type(model)), 0
         for t in range(self.max_new_tokens):

@@ -21,33 +21,35 @@ log-probs agree to float rounding (tests/rollout/test_static.py). The prefill ru
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import StaticCache
 
 PROMPT_BUCKET = 16
 """Prompt widths are rounded up to a multiple of this, so that batches of nearby prompt lengths
 share one compiled graph."""
 
 
-def new_static_cache(model: torch.nn.Module, max_cache_len: int):
-    """transformers' StaticCache for `model`, or None when its config does not give one."""
-    from transformers.cache_utils import StaticCache
+class GroupStaticCache(StaticCache):
+    """transformers' StaticCache plus the one operation the engine's prefill needs of every cache:
+    `batch_repeat_interleave` (StaticLayer has none of its own)."""
 
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeats each filled row `repeats` times (row i -> rows i·r .. i·r + r - 1): a prompt's
+        prefill shared by the G samples of its group."""
+        for layer in self.layers:
+            layer.keys = layer.keys.repeat_interleave(repeats, dim=0)
+            layer.values = layer.values.repeat_interleave(repeats, dim=0)
+            layer.batch_size = layer.keys.shape[0]
+
+
+def new_static_cache(model: torch.nn.Module, max_cache_len: int) -> GroupStaticCache | None:
+    """A GroupStaticCache for `model`, or None when its config does not give one."""
     config = getattr(model, "config", None)
     if config is None:
         return None
     try:
-        return StaticCache(config=config, max_cache_len=max_cache_len)
+        return GroupStaticCache(config=config, max_cache_len=max_cache_len)
     except Exception:  # noqa: BLE001 - an unusual config: the caller falls back to the eager loop
         return None
-
-
-def repeat_rows(cache, repeats: int) -> None:
-    """Repeats each row of a filled StaticCache `repeats` times (row i -> rows i·r .. i·r + r - 1):
-    a prompt's prefill shared by the G samples of its group. StaticLayer has no
-    batch_repeat_interleave of its own."""
-    for layer in cache.layers:
-        layer.keys = layer.keys.repeat_interleave(repeats, dim=0)
-        layer.values = layer.values.repeat_interleave(repeats, dim=0)
-        layer.batch_size = layer.keys.shape[0]
 
 
 def _decode_step(model, cache_kwarg: str, cache, tokens, attention_mask, positions):

@@ -51,13 +51,13 @@ def test_sampled_log_probs_are_the_policy_s_and_finished_rows_are_padded(tiny):
     assert (ro.sampler_logp[after_eos] == 0).all()
 
 
-def test_repeat_rows_shares_each_prompt_among_its_group(tiny):
+def test_static_cache_repeat_shares_each_prompt_among_its_group(tiny):
     model, _ = tiny
     cache = static.new_static_cache(model, 8)
     with torch.no_grad():
         model(input_ids=torch.tensor([[5, 6], [7, 8]]), use_cache=True, **{_cache_kwarg(model): cache})
     before = cache.layers[0].keys.clone()
-    static.repeat_rows(cache, 3)
+    cache.batch_repeat_interleave(3)
     after = cache.layers[0].keys
     assert after.shape[0] == 6 and cache.layers[0].batch_size == 6
     torch.testing.assert_close(after, before.repeat_interleave(3, dim=0), rtol=0, atol=0)

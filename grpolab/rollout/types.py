@@ -56,7 +56,7 @@ class Rollout:
         return dataclasses.replace(self, **fields)
 
     def select(self, idx: torch.Tensor) -> "Rollout":
-        """Rows `idx` (a new Rollout of copies; this one is not touched), trimmed of all-pad columns.
+        """Rows `idx` (a new Rollout of contiguous copies; this one is not touched), trimmed of all-pad columns.
 
         Left columns that are padding in every selected row and right columns past the last
         counted token are dropped, so short microbatches cost less compute.
@@ -70,8 +70,9 @@ class Rollout:
         def rows(x, cols=None):
             if x is None:
                 return None
-            x = x[idx]
-            return x if cols is None else x[:, cols]
+            # columns first, then rows: the row indexing copies into a fresh tensor, never a view,
+            # so a compiled forward (which guards on strides and on views' bases) is not recompiled
+            return (x if cols is None else x[:, cols])[idx]
 
         comp = slice(0, right)
         return Rollout(

@@ -62,9 +62,11 @@ def use_fast_cpu_attention(model: torch.nn.Module, compute_dtype: torch.dtype | 
 
 
 def training_module(model: torch.nn.Module, compile: bool) -> torch.nn.Module:
-    """The module Phase B differentiates: `model` itself, or `torch.compile(model, dynamic=True)`,
-    which shares its parameters (the optimizer, checkpoints and the no-grad passes keep using
-    `model`). Dynamic shapes: the batch width changes from step to step."""
+    """The module the log-prob forwards call: `model` itself, or `torch.compile(model, dynamic=True)`,
+    which shares its parameters (the optimizer, checkpoints and generation keep using `model`).
+    Used for Phase B's training forward and Phase A's no-grad π_old / π_ref passes (one more graph
+    each: grad mode is part of a compiled graph). Dynamic shapes: the batch width changes from step
+    to step."""
     return torch.compile(model, dynamic=True) if compile else model
 
 

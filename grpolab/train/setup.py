@@ -64,8 +64,9 @@ def load_policy(cfg: Config):
 def reference_factory(cfg: Config, policy) -> Callable | None:
     """A context-manager factory yielding the frozen reference model, or None without a KL.
 
-    Full fine-tune: a frozen copy of the initial policy. LoRA: the policy with adapters disabled
-    (no second copy is loaded).
+    Full fine-tune: a frozen copy of the initial policy; with model.compile the factory yields its
+    torch.compile wrapper (same parameters; `factory.model` is the plain copy, for checkpoints).
+    LoRA: the policy with adapters disabled (no second copy is loaded; never compiled).
     """
     if not cfg.needs_reference:
         return None
@@ -77,9 +78,11 @@ def reference_factory(cfg: Config, policy) -> Callable | None:
     for p in ref.parameters():
         p.requires_grad_(False)
 
+    forward = training_module(ref, cfg.model.compile)
+
     @contextlib.contextmanager
     def ctx():
-        yield ref
+        yield forward
 
     ctx.model = ref  # type: ignore[attr-defined]
     return ctx
@@ -170,7 +173,8 @@ class Setup:
     n_params: int = 0
     stop: Any = None  # e.g. a signals.StopSignal: its .requested ends the loop after the step
     train_model: Any = None
-    """What Phase B differentiates: the policy, or its compiled wrapper (model.compile); same parameters."""
+    """What the log-prob forwards call (Phase B, and Phase A's π_old pass): the policy, or its compiled
+    wrapper (model.compile); same parameters."""
 
     def __post_init__(self) -> None:
         if self.train_model is None:

@@ -30,3 +30,24 @@ def test_adamw_is_fused_on_cpu_and_matches_the_foreach_update():
 def test_adamw_falls_back_where_no_fused_kernel_exists():
     opt = adamw(_params(0, device="meta"), lr=1e-3)
     assert not opt.param_groups[0]["fused"]
+
+
+def test_model_compile_compiles_the_reference_and_old_logprob_forwards_not_the_checkpointed_copy():
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    from grpolab import config as C
+    from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+    from grpolab.models.forward import training_module
+    from grpolab.train.setup import reference_factory
+
+    tok = build_char_tokenizer()
+    policy = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, seed=0)
+    for compile_ in (False, True):
+        cfg = C.from_preset("grpo", [f"model.compile={str(compile_).lower()}", "loss.kl_coef=0.04"])
+        factory = reference_factory(cfg, policy)
+        with factory() as ref:
+            assert isinstance(ref, OptimizedModule) == compile_  # wrapping is lazy: nothing compiles here
+            assert {id(p) for p in ref.parameters()} == {id(p) for p in factory.model.parameters()}
+        assert not isinstance(factory.model, OptimizedModule)  # checkpoints save the plain copy
+        assert not any(p.requires_grad for p in factory.model.parameters())
+        assert isinstance(training_module(policy, compile_), OptimizedModule) == compile_

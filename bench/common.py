@@ -57,6 +57,8 @@ class Workload:
     """grpolab side only: model.compile (torch.compile of the training forward)."""
     grpolab_compile_decode: bool = False
     """grpolab side only: rollout.compile (static KV cache, torch.compile'd decode step)."""
+    grpolab_bf16_weights: bool = False
+    """grpolab side only, bfloat16: rollout.bf16_weights (sample from a per-rollout bf16 weight copy)."""
     trl_compile: bool = False
     """TRL side only: TrainingArguments.torch_compile (the Trainer compiles the model it trains)."""
 

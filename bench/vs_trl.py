@@ -72,6 +72,7 @@ def run_grpolab(w: Workload, steps: int, warmup: int) -> dict:
         f"train.steps={warmup + steps}", "train.max_grad_norm=1.0", "run.progress=false",
         "run.tensorboard=false", "run.peak_tflops=1", "data.max_prompt_tokens=64",
         f"model.compile={str(w.grpolab_compile).lower()}", f"rollout.compile={str(w.grpolab_compile_decode).lower()}",
+        f"rollout.bf16_weights={str(w.grpolab_bf16_weights and w.dtype == 'bfloat16').lower()}",
     ])
     cfg = cfg.replace(rewards=[{"name": "bench_digits", "weight": 1.0}])
     torch.manual_seed(w.seed)
@@ -250,7 +251,8 @@ def workload(args, dtype: str, seed: int) -> Workload:
                     max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta, lr=args.lr,
                     microbatch_size=args.microbatch, seed=seed, dtype=dtype,
                     grpolab_compile=args.grpolab_compile, trl_compile=args.trl_compile,
-                    grpolab_compile_decode=args.grpolab_compile_decode)
+                    grpolab_compile_decode=args.grpolab_compile_decode,
+                    grpolab_bf16_weights=args.grpolab_bf16_weights)
 
 
 def speed(args) -> None:
@@ -309,6 +311,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="grpolab side: model.compile=true (use --warmup >= 1: the first step compiles)")
     p.add_argument("--grpolab-compile-decode", action="store_true",
                    help="grpolab side: rollout.compile=true (compiled decode step; --warmup >= 1)")
+    p.add_argument("--grpolab-bf16-weights", action="store_true",
+                   help="grpolab side, bfloat16 runs: rollout.bf16_weights=true (bf16 weight copy for sampling)")
     p.add_argument("--trl-compile", action="store_true",
                    help="TRL side: torch_compile=True (use --warmup >= 1: the first step compiles)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per run (0 = torch's default)")

@@ -84,6 +84,11 @@ class RolloutConfig:
     Pays on small models whose decode step is overhead-bound (bench fixture: about 1.3× faster
     rollouts), not on SmolLM2-135M; each new (rows, prompt width bucket) compiles once (~20-90 s),
     and finished rows keep decoding instead of leaving the batch."""
+    bf16_weights: bool = False
+    """hf engine, model.dtype bfloat16: sample from a bfloat16 copy of the policy's weights, made at
+    the start of each rollout and freed after it, instead of re-casting the float32 weights at every
+    step (a compiled decode step does). The sampler then differs from π_old's forward by bf16
+    rounding, as a vLLM sampler does; the loss still takes log π_old from the training forward."""
 
 
 @dataclass(frozen=True)

@@ -251,6 +251,9 @@ def validate_config(cfg) -> None:
     if r.engine == "vllm":  # named in the design, not built yet: say so rather than fall back to hf
         raise _err("rollout.engine='vllm': the vLLM engine is not available in this version; use 'hf' "
                    "(rollout.compile=true speeds up the decode of small models)")
+    if r.bf16_weights and cfg.model.dtype == "float32":
+        raise _err("rollout.bf16_weights=true samples in bfloat16 but model.dtype='float32'; "
+                   "set model.dtype=bfloat16 (or auto), or leave rollout.bf16_weights=false")
     _choice(t.on_reward_error, ("raise", "zero", "skip_group"), "train.on_reward_error")
     positive = {
         "rollout.prompts_per_step": r.prompts_per_step, "rollout.group_size": r.group_size,

@@ -12,6 +12,7 @@ What it does beyond `model.generate`:
 
 from __future__ import annotations
 
+import copy
 import functools
 
 from collections.abc import Sequence
@@ -42,6 +43,8 @@ class HFEngine:
     """Decode with a static KV cache and a torch.compile'd step (rollout/static.py): pays on small,
     overhead-bound models over a run of same-size rollouts; falls back to the eager loop for a
     model without a StaticCache."""
+    bf16_weights: bool = False
+    """With compute_dtype bfloat16: sample from `weights_copy(model, bfloat16)`, made per call."""
 
     def encode_prompts(self, prompts: Sequence[str], device) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids [P, Lp] and attention mask [P, Lp] bool."""
@@ -61,15 +64,19 @@ class HFEngine:
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
+        sampler = model
+        if self.bf16_weights and self.compute_dtype == torch.bfloat16:
+            sampler = weights_copy(model, torch.bfloat16)  # freed when this call returns
         try:
             ids, am = self.encode_prompts(prompts, device)
             # one autocast region around the whole loop: autocast caches its bf16 copy of the
             # weights until the outermost region exits, so they are cast once, not at every step
             with autocast(self.compute_dtype, str(device)):
-                out = self._decode_static(model, ids, am, group_size, generator, greedy) if self.compile else None
-                comp, samp_lp, finished = out or self._decode(model, ids, am, group_size, generator, greedy)
+                out = self._decode_static(sampler, ids, am, group_size, generator, greedy) if self.compile else None
+                comp, samp_lp, finished = out or self._decode(sampler, ids, am, group_size, generator, greedy)
         finally:
             model.train(was_training)
+            sampler = None  # a bf16 copy is freed before the trim below
         if device.type == "cpu":
             release_free_memory()  # the KV cache is gone: hand its pages back before learning
         return _assemble(ids, am, comp, samp_lp, finished, group_size, self._eos_id())
@@ -167,6 +174,18 @@ class HFEngine:
             logits = step(model, kwarg, cache, tokens[:, t : t + 1], mask, next_pos)
             next_pos = next_pos + 1
         return tokens[:, :steps], samp_lp[:, :steps], finished
+
+
+def weights_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A copy of `model` in eval mode whose floating-point parameters are `dtype` (no grad), made
+    without a float32 copy on the way; tied parameters stay tied. Buffers are copied as they are
+    (e.g. the rotary frequencies stay float32)."""
+    memo: dict[int, torch.nn.Parameter] = {}
+    for p in model.parameters():
+        if id(p) not in memo:
+            data = p.detach().to(dtype) if p.is_floating_point() else p.detach().clone()
+            memo[id(p)] = torch.nn.Parameter(data, requires_grad=False)
+    return copy.deepcopy(model, memo).eval()  # deepcopy takes the memo's parameters as the copies
 
 
 def release_free_memory() -> None:

@@ -74,3 +74,20 @@ def _cache_kwarg(model) -> str:
     from grpolab.rollout.hf import _cache_kwarg as kwarg
 
     return kwarg(type(model))
+
+
+def test_a_fresh_bf16_copy_per_rollout_does_not_recompile_the_step(tiny, monkeypatch):
+    """rollout.bf16_weights makes a new module every rollout: the compiled step must treat its
+    parameters as inputs, not recompile for each copy."""
+    import torch._dynamo
+
+    import copy
+
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]
+    eng = HFEngine(tok, max_new_tokens=6, compute_dtype=torch.bfloat16, compile=True, bf16_weights=True)
+    first = eng.generate(model, PROMPTS, 2, generator=torch.Generator().manual_seed(0))  # compiles
+    with torch.no_grad():
+        model.lm_head.weight.add_(0.01)  # an optimizer step between rollouts
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    second = eng.generate(model, PROMPTS, 2, generator=torch.Generator().manual_seed(0))
+    assert not torch.equal(first.sampler_logp, second.sampler_logp)  # the new weights were used

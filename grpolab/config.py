@@ -37,7 +37,7 @@ class ModelConfig:
     π_old / π_ref passes of Phase A (a LoRA reference stays eager); dynamic shapes, so widths that
     change from step to step do not recompile. The first step pays the compilation (about a
     minute on a CPU). bench/vs_trl.py's tiny fixture, bf16, 3 A/B runs: learning 1.34 -> 0.91 s
-    per step (1.47x), whole step 1.25x, peak RSS +20 MB."""
+    per step (1.47x), whole step 1.25x, peak RSS +20 MB; its reference pass 0.21-0.24 -> 0.15-0.16 s."""
 
 
 @dataclass(frozen=True)

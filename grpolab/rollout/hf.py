@@ -65,9 +65,9 @@ class HFEngine:
         was_training = model.training
         model.eval()
         sampler = model
-        if self.bf16_weights and self.compute_dtype == torch.bfloat16:
-            sampler = weights_copy(model, torch.bfloat16)  # freed when this call returns
         try:
+            if self.bf16_weights and self.compute_dtype == torch.bfloat16:
+                sampler = weights_copy(model, torch.bfloat16)  # freed when this call returns
             ids, am = self.encode_prompts(prompts, device)
             # one autocast region around the whole loop: autocast caches its bf16 copy of the
             # weights until the outermost region exits, so they are cast once, not at every step

@@ -54,7 +54,7 @@ class Workload:
     """float32 | bfloat16 (autocast on both sides; master weights fp32)."""
     temperature: float = 1.0
     grpolab_compile: bool = False
-    """grpolab side only: model.compile (torch.compile of the training forward)."""
+    """grpolab side only: model.compile (torch.compile of the training and no-grad log-prob forwards)."""
     grpolab_compile_decode: bool = False
     """grpolab side only: rollout.compile (static KV cache, torch.compile'd decode step)."""
     grpolab_bf16_weights: bool = False

@@ -108,3 +108,9 @@ def test_yaml_preset_then_file_values_then_overrides(tmp_path):
 def test_unknown_preset():
     with pytest.raises(C.ConfigError, match="unknown preset 'ppo'"):
         C.from_preset("ppo")
+
+
+def test_bf16_weights_needs_a_bf16_model_dtype():
+    with pytest.raises(C.ConfigError, match="rollout.bf16_weights"):
+        C.from_preset("grpo", ["rollout.bf16_weights=true", "model.dtype=float32"])
+    assert C.from_preset("grpo", ["rollout.bf16_weights=true", "model.dtype=bfloat16"]).rollout.bf16_weights

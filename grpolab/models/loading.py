@@ -175,6 +175,20 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def frozen_copy(model: torch.nn.Module, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """An independent copy of `model` in eval mode whose parameters never require grad: the frozen
+    reference (dtype None: same dtypes) or the bf16 sampler of rollout.bf16_weights. Floating-point
+    parameters are cast to `dtype` without a float32 copy on the way; tied parameters stay tied;
+    buffers (e.g. rotary frequencies) keep their dtype. Every tensor is new storage, even where the
+    cast is a no-op. Parameter subclasses (e.g. quantized ones) come back as plain Parameters."""
+    memo: dict[int, torch.nn.Parameter] = {}
+    for p in model.parameters():
+        if id(p) not in memo:
+            cast = dtype if dtype is not None and p.is_floating_point() else p.dtype
+            memo[id(p)] = torch.nn.Parameter(p.detach().to(cast, copy=True), requires_grad=False)
+    return copy.deepcopy(model, memo).eval()  # deepcopy takes the memo's parameters as the copies
+
+
 def _plain_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A model of the same class with no quantizer, holding the same (dequantized) weights."""
     from transformers import AutoModelForCausalLM

@@ -5,14 +5,14 @@ What it does beyond `model.generate`:
 - drops finished sequences from the decode batch (the cache is compacted), so late steps only
   pay for the rows still generating;
 - keeps the KV cache in buffers allocated once (rollout/cache.py) and, under bf16 autocast, casts
-  the weights once per call instead of once per decode step;
+  the weights once per call instead of once per decode step (the eager loop: autocast's weight
+  cache; the compiled loop re-casts at every step unless `bf16_weights` samples from a bf16 copy);
 - samples with an explicit torch.Generator, so a run is reproducible and resumable;
 - returns the `Rollout` layout the trainer uses (prompt | completion, masks, truncated flags).
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 
 from collections.abc import Sequence
@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from grpolab.models.forward import autocast
+from grpolab.models.loading import frozen_copy
 from grpolab.rollout import static
 from grpolab.rollout.cache import new_decode_cache
 from grpolab.rollout.sampling import greedy_tokens, sample_tokens
@@ -44,7 +45,7 @@ class HFEngine:
     overhead-bound models over a run of same-size rollouts; falls back to the eager loop for a
     model without a StaticCache."""
     bf16_weights: bool = False
-    """With compute_dtype bfloat16: sample from `weights_copy(model, bfloat16)`, made per call."""
+    """With compute_dtype bfloat16: sample from `frozen_copy(model, bfloat16)`, made per call."""
 
     def encode_prompts(self, prompts: Sequence[str], device) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids [P, Lp] and attention mask [P, Lp] bool."""
@@ -67,7 +68,7 @@ class HFEngine:
         sampler = model
         try:
             if self.bf16_weights and self.compute_dtype == torch.bfloat16:
-                sampler = weights_copy(model, torch.bfloat16)  # freed when this call returns
+                sampler = frozen_copy(model, torch.bfloat16)  # freed when this call returns
             ids, am = self.encode_prompts(prompts, device)
             # one autocast region around the whole loop: autocast caches its bf16 copy of the
             # weights until the outermost region exits, so they are cast once, not at every step
@@ -174,18 +175,6 @@ class HFEngine:
             logits = step(model, kwarg, cache, tokens[:, t : t + 1], mask, next_pos)
             next_pos = next_pos + 1
         return tokens[:, :steps], samp_lp[:, :steps], finished
-
-
-def weights_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """A copy of `model` in eval mode whose floating-point parameters are `dtype` (no grad), made
-    without a float32 copy on the way; tied parameters stay tied. Buffers are copied as they are
-    (e.g. the rotary frequencies stay float32)."""
-    memo: dict[int, torch.nn.Parameter] = {}
-    for p in model.parameters():
-        if id(p) not in memo:
-            data = p.detach().to(dtype) if p.is_floating_point() else p.detach().clone()
-            memo[id(p)] = torch.nn.Parameter(data, requires_grad=False)
-    return copy.deepcopy(model, memo).eval()  # deepcopy takes the memo's parameters as the copies
 
 
 def release_free_memory() -> None:

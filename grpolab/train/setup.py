@@ -8,7 +8,6 @@ arguments, model path, prompt data) fail here, before any long work.
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -21,6 +20,7 @@ from grpolab.report.progress import Progress
 from grpolab.rewards.base import build_reward, probe_rewards
 from grpolab.rollout.hf import HFEngine
 from grpolab.models.forward import training_module
+from grpolab.models.loading import frozen_copy
 from grpolab.train.objective import Objective, build_objective
 
 
@@ -74,10 +74,7 @@ def reference_factory(cfg: Config, policy) -> Callable | None:
         from grpolab.models.lora import reference_context
 
         return lambda: reference_context(policy)
-    ref = copy.deepcopy(policy).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-
+    ref = frozen_copy(policy)
     forward = training_module(ref, cfg.model.compile)
 
     @contextlib.contextmanager

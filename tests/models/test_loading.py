@@ -180,3 +180,26 @@ def test_smollm2_conversion_same_logits(tmp_path, monkeypatch):
     ids = tok(text)["input_ids"]
     assert ids == gguf_tok(text)["input_ids"]
     torch.testing.assert_close(_logits(model, ids), _logits(gguf_model, ids))
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_frozen_copy_casts_parameters_keeps_ties_and_leaves_the_model_alone(dtype):
+    from grpolab.models.loading import frozen_copy
+    from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+
+    model = build_tiny_model(build_char_tokenizer(), hidden_size=64, num_layers=2, num_heads=4, seed=0).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cp = frozen_copy(model, dtype)
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # the tiny model ties them
+    assert cp.lm_head.weight is cp.model.embed_tokens.weight
+    want = dtype or torch.float32
+    for (name, p), (_, q) in zip(model.named_parameters(), cp.named_parameters()):
+        assert q.dtype == want and not q.requires_grad and p.dtype == torch.float32 and p.requires_grad, name
+        assert q.untyped_storage().data_ptr() != p.untyped_storage().data_ptr(), name  # a copy, even for dtype None
+        torch.testing.assert_close(q, p.detach().to(want), rtol=0, atol=0)
+    for (name, b), (_, c) in zip(model.named_buffers(), cp.named_buffers()):
+        assert c.dtype == b.dtype and torch.equal(c, b), name
+    with torch.no_grad():
+        next(cp.parameters()).add_(1.0)  # editing the copy leaves the model alone
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert model.training and not cp.training

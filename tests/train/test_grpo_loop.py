@@ -173,3 +173,29 @@ def test_microbatches_group_rows_of_similar_length():
     for step in range(3):
         micro = seen[4 * step : 4 * step + 4]
         assert all(max(a) <= min(b) for a, b in zip(micro, micro[1:])), micro
+
+
+def test_model_compile_runs_the_old_and_reference_passes_through_the_compiled_wrappers(monkeypatch):
+    """With model.compile, Phase A's π_old pass calls train_model (the compiled policy) and the π_ref
+    pass the reference factory's compiled wrapper; generation keeps the plain policy."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    cfg = _cfg("model.compile=true", "train.minibatch_size=4", "train.microbatch_size=4", "train.steps=1",
+               "loss.kl_coef=0.04")
+    assert cfg.needs_old_logp_pass
+    s = _setup(cfg)
+    seen = []
+
+    def spy(model, ro, *a):  # records the module, returns zeros instead of compiling it here
+        seen.append(model)
+        return torch.zeros(ro.loss_mask.shape)
+
+    monkeypatch.setattr(grpo, "batched_logprobs", spy)
+    monkeypatch.setattr(grpo, "learn", lambda *a: None)
+    generated_by = []
+    generate = s.engine.generate
+    monkeypatch.setattr(s.engine, "generate", lambda model, *a, **k: generated_by.append(model) or generate(model, *a, **k))
+    grpo.train(s)
+    with s.reference() as ref:
+        assert seen == [s.train_model, ref]
+    assert all(isinstance(m, OptimizedModule) for m in seen) and generated_by == [s.policy]

@@ -66,8 +66,10 @@ def training_module(model: torch.nn.Module, compile: bool) -> torch.nn.Module:
     which shares its parameters (the optimizer, checkpoints and generation keep using `model`).
     Used for Phase B's training forward and Phase A's no-grad π_old / π_ref passes (one more graph
     each: grad mode is part of a compiled graph). Dynamic shapes: the batch width changes from step
-    to step."""
-    return torch.compile(model, dynamic=True) if compile else model
+    to step. Inductor's C++ wrapper calls the generated kernels without a Python wrapper in between:
+    on the bench fixture (bf16, CPU) the learning phase took 0.78-0.80 s per step with it against
+    1.04 s without (alternating runs); the compiled decode step gained nothing from it."""
+    return torch.compile(model, dynamic=True, options={"cpp_wrapper": True}) if compile else model
 
 
 def completion_logprobs(

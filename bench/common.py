@@ -57,6 +57,8 @@ class Workload:
     """grpolab side only: model.compile (torch.compile of the training and no-grad log-prob forwards)."""
     grpolab_compile_decode: bool = False
     """grpolab side only: rollout.compile (static KV cache, torch.compile'd decode step)."""
+    grpolab_cpp_wrapper: bool = False
+    """grpolab side only, with grpolab_compile: model.compile_cpp_wrapper (inductor's C++ wrapper)."""
     grpolab_bf16_weights: bool = False
     """grpolab side only, bfloat16: rollout.bf16_weights (sample from a per-rollout bf16 weight copy)."""
     trl_compile: bool = False

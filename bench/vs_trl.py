@@ -72,6 +72,7 @@ def run_grpolab(w: Workload, steps: int, warmup: int) -> dict:
         f"train.steps={warmup + steps}", "train.max_grad_norm=1.0", "run.progress=false",
         "run.tensorboard=false", "run.peak_tflops=1", "data.max_prompt_tokens=64",
         f"model.compile={str(w.grpolab_compile).lower()}", f"rollout.compile={str(w.grpolab_compile_decode).lower()}",
+        f"model.compile_cpp_wrapper={str(w.grpolab_compile and w.grpolab_cpp_wrapper).lower()}",
         f"rollout.bf16_weights={str(w.grpolab_bf16_weights and w.dtype == 'bfloat16').lower()}",
     ])
     cfg = cfg.replace(rewards=[{"name": "bench_digits", "weight": 1.0}])
@@ -252,7 +253,7 @@ def workload(args, dtype: str, seed: int) -> Workload:
                     microbatch_size=args.microbatch, seed=seed, dtype=dtype,
                     grpolab_compile=args.grpolab_compile, trl_compile=args.trl_compile,
                     grpolab_compile_decode=args.grpolab_compile_decode,
-                    grpolab_bf16_weights=args.grpolab_bf16_weights)
+                    grpolab_bf16_weights=args.grpolab_bf16_weights, grpolab_cpp_wrapper=args.grpolab_cpp_wrapper)
 
 
 def speed(args) -> None:
@@ -311,6 +312,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="grpolab side: model.compile=true (use --warmup >= 1: the first step compiles)")
     p.add_argument("--grpolab-compile-decode", action="store_true",
                    help="grpolab side: rollout.compile=true (compiled decode step; --warmup >= 1)")
+    p.add_argument("--grpolab-cpp-wrapper", action="store_true",
+                   help="grpolab side, with --grpolab-compile: model.compile_cpp_wrapper=true (small models only)")
     p.add_argument("--grpolab-bf16-weights", action="store_true",
                    help="grpolab side, bfloat16 runs: rollout.bf16_weights=true (bf16 weight copy for sampling)")
     p.add_argument("--trl-compile", action="store_true",

@@ -38,6 +38,11 @@ class ModelConfig:
     change from step to step do not recompile. The first step pays the compilation (about a
     minute on a CPU). bench/vs_trl.py's tiny fixture, bf16, 3 A/B runs: learning 1.34 -> 0.91 s
     per step (1.47x), whole step 1.25x, peak RSS +20 MB; its reference pass 0.21-0.24 -> 0.15-0.16 s."""
+    compile_cpp_wrapper: bool = False
+    """With model.compile: inductor's C++ wrapper calls the compiled kernels without Python in between.
+    Pays on small models whose graphs are many short kernels (bench fixture, bf16: learning phase
+    0.78-0.80 vs 1.04 s per step, compilation no longer); on SmolLM2-135M (30 layers) compiling the
+    generated C++ did not finish within 16 minutes, so it is off by default."""
 
 
 @dataclass(frozen=True)

@@ -114,3 +114,9 @@ def test_bf16_weights_needs_a_bf16_model_dtype():
     with pytest.raises(C.ConfigError, match="rollout.bf16_weights"):
         C.from_preset("grpo", ["rollout.bf16_weights=true", "model.dtype=float32"])
     assert C.from_preset("grpo", ["rollout.bf16_weights=true", "model.dtype=bfloat16"]).rollout.bf16_weights
+
+
+def test_compile_cpp_wrapper_needs_model_compile():
+    with pytest.raises(C.ConfigError, match="model.compile_cpp_wrapper"):
+        C.from_preset("grpo", ["model.compile_cpp_wrapper=true"])
+    assert C.from_preset("grpo", ["model.compile=true", "model.compile_cpp_wrapper=true"]).model.compile_cpp_wrapper

@@ -61,15 +61,16 @@ def use_fast_cpu_attention(model: torch.nn.Module, compute_dtype: torch.dtype | 
     model.set_attn_implementation(FAST_CPU_ATTENTION)
 
 
-def training_module(model: torch.nn.Module, compile: bool) -> torch.nn.Module:
+def training_module(model: torch.nn.Module, compile: bool, cpp_wrapper: bool = False) -> torch.nn.Module:
     """The module the log-prob forwards call: `model` itself, or `torch.compile(model, dynamic=True)`,
     which shares its parameters (the optimizer, checkpoints and generation keep using `model`).
     Used for Phase B's training forward and Phase A's no-grad π_old / π_ref passes (one more graph
     each: grad mode is part of a compiled graph). Dynamic shapes: the batch width changes from step
-    to step. Inductor's C++ wrapper calls the generated kernels without a Python wrapper in between:
-    on the bench fixture (bf16, CPU) the learning phase took 0.78-0.80 s per step with it against
-    1.04 s without (alternating runs); the compiled decode step gained nothing from it."""
-    return torch.compile(model, dynamic=True, options={"cpp_wrapper": True}) if compile else model
+    to step. cpp_wrapper: inductor calls the generated kernels from C++ instead of a Python wrapper
+    (model.compile_cpp_wrapper; see its docstring for what it costs and gains)."""
+    if not compile:
+        return model
+    return torch.compile(model, dynamic=True, options={"cpp_wrapper": True} if cpp_wrapper else None)
 
 
 def completion_logprobs(

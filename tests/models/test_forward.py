@@ -154,4 +154,4 @@ def test_compiled_training_module_matches_eager_and_shares_parameters(model_and_
             torch.testing.assert_close(model.model.embed_tokens.weight.grad, want_grad, rtol=1e-4, atol=1e-5)
     with torch.no_grad():  # the no-grad π_old / π_ref passes call the same wrapper (a second graph)
         logp, _ = completion_logprobs(compiled, ids, am, 4)
-    torch.testing.assert_close(logp, want_logp, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(logp, want_logp, rtol=1e-4, atol=1e-5)  # fused kernels: as above

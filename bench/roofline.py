@@ -4,8 +4,9 @@
     python bench/roofline.py --model smollm2 --prompts 4 --microbatch 16 --steps 2
     python bench/roofline.py --peak-only
 
-1. Peak: the best of several large GEMMs (`--gemm` = M = N = K) per dtype, with the same thread
-   count as the run; that is the "machine limit" the phases are compared with.
+1. Peak: the best sustained rate of large GEMMs (`--gemm` = M = N = K; 20 timings of 5 back-to-back
+   calls) per dtype, with the same thread count as the run; that is the "machine limit" the phases
+   are compared with.
 2. Model FLOPs of one step, counted from the model config and the step's real token counts
    (matmul FLOPs only; padding and recomputation are not counted, so these are useful FLOPs):
    - decoder: 2 FLOPs per non-embedding matmul weight per token, plus attention 4·layers·hidden·ctx;

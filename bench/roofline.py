@@ -34,8 +34,8 @@ from common import Workload, load_tokenizer, model_dir, prompt_set, set_threads
 def gemm_peak(dtype, size: int = 2048, repeats: int = 20, group: int = 5) -> float:
     """Best sustained FLOP/s of a size³ matmul in `dtype` (a plain torch.mm, as a model's linear
     layers use): the best of `repeats` timings of `group` back-to-back calls.
-    Best of 20: with 5, two runs minutes apart on this machine measured 563 and 448 GFLOP/s in bf16.
-    Groups of 5: single calls timed alone sometimes read 1400-1600 GFLOP/s in bf16 on this VM while
+    Best of 20 timings: with 5 timings, two runs minutes apart on this machine measured 563 and 448
+    GFLOP/s in bf16. Groups of 5 calls per timing: single calls timed alone sometimes read 1400-1600 GFLOP/s in bf16 on this VM while
     every group of 5 calls, before and after, ran at 500-670, so the best single call measured the
     clock, not the machine."""
     import torch

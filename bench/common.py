@@ -61,6 +61,8 @@ class Workload:
     """grpolab side only, with grpolab_compile: model.compile_cpp_wrapper (inductor's C++ wrapper)."""
     grpolab_bf16_weights: bool = False
     """grpolab side only, bfloat16: rollout.bf16_weights (sample from a per-rollout bf16 weight copy)."""
+    grpolab_padding_free: bool = False
+    """grpolab side only: model.padding_free (log-prob forwards pack the real tokens; eager only)."""
     trl_compile: bool = False
     """TRL side only: TrainingArguments.torch_compile (the Trainer compiles the model it trains)."""
 

@@ -74,6 +74,7 @@ def run_grpolab(w: Workload, steps: int, warmup: int) -> dict:
         f"model.compile={str(w.grpolab_compile).lower()}", f"rollout.compile={str(w.grpolab_compile_decode).lower()}",
         f"model.compile_cpp_wrapper={str(w.grpolab_compile and w.grpolab_cpp_wrapper).lower()}",
         f"rollout.bf16_weights={str(w.grpolab_bf16_weights and w.dtype == 'bfloat16').lower()}",
+        f"model.padding_free={str(w.grpolab_padding_free).lower()}",
     ])
     cfg = cfg.replace(rewards=[{"name": "bench_digits", "weight": 1.0}])
     torch.manual_seed(w.seed)
@@ -253,7 +254,8 @@ def workload(args, dtype: str, seed: int) -> Workload:
                     microbatch_size=args.microbatch, seed=seed, dtype=dtype,
                     grpolab_compile=args.grpolab_compile, trl_compile=args.trl_compile,
                     grpolab_compile_decode=args.grpolab_compile_decode,
-                    grpolab_bf16_weights=args.grpolab_bf16_weights, grpolab_cpp_wrapper=args.grpolab_cpp_wrapper)
+                    grpolab_bf16_weights=args.grpolab_bf16_weights, grpolab_cpp_wrapper=args.grpolab_cpp_wrapper,
+                    grpolab_padding_free=args.grpolab_padding_free)
 
 
 def speed(args) -> None:
@@ -316,6 +318,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="grpolab side, with --grpolab-compile: model.compile_cpp_wrapper=true (small models only)")
     p.add_argument("--grpolab-bf16-weights", action="store_true",
                    help="grpolab side, bfloat16 runs: rollout.bf16_weights=true (bf16 weight copy for sampling)")
+    p.add_argument("--grpolab-padding-free", action="store_true",
+                   help="grpolab side: model.padding_free=true (forwards only real tokens; not with --grpolab-compile)")
     p.add_argument("--trl-compile", action="store_true",
                    help="TRL side: torch_compile=True (use --warmup >= 1: the first step compiles)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per run (0 = torch's default)")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 
 import torch
+import torch.nn.functional as F
 
 from grpolab.algo.logprobs import entropy, token_logprobs
 from grpolab.rollout.types import position_ids
@@ -19,6 +21,17 @@ def autocast(dtype: torch.dtype | None, device: str = "cpu"):
 
 FAST_CPU_ATTENTION = "grpolab_sdpa"
 
+# The row lengths of the padding-free forward in progress (`packed_rows`); None = an ordinary padded batch.
+_PACKED_ROWS: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar("grpolab_packed_rows", default=None)
+
+
+def _upcast_for_grad(query: torch.Tensor) -> bool:
+    """True when this attention is differentiated in bf16 on a CPU (see `sdpa_fp32_grad_attention`)."""
+    on_cpu = query.device.type == "cpu"
+    bf16 = query.dtype == torch.bfloat16 or (
+        on_cpu and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+    return on_cpu and bf16 and torch.is_grad_enabled() and query.requires_grad
+
 
 def sdpa_fp32_grad_attention(module, query, key, value, attention_mask, **kwargs):
     """transformers' SDPA attention, run in float32 when it is differentiated in bf16 on a CPU.
@@ -26,15 +39,17 @@ def sdpa_fp32_grad_attention(module, query, key, value, attention_mask, **kwargs
     PyTorch's CPU flash-attention backward is 4-5x slower in bf16 than in fp32 (measured on this
     machine, torch 2.13: [32, 4, 38, 64] fwd+bwd 50-68 ms vs 12-13 ms), so under bf16 autocast the
     attention of a training forward is upcast; inference (no grad) keeps the faster bf16 kernel.
-    query/key/value: [B, H, T, D] (fp32 under autocast: the rotary embedding upcasts them). Returns
-    (output [B, T, H, D], None); bf16 on the upcast path, as autocast's SDPA would return.
+    Inside `packed_rows` the batch is one padding-free row and each original row attends only to
+    itself (`packed_attention`). query/key/value: [B, H, T, D] (fp32 under autocast: the rotary
+    embedding upcasts them). Returns (output [B, T, H, D], None); bf16 on the upcast path, as
+    autocast's SDPA would return.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    on_cpu = query.device.type == "cpu"
-    bf16 = query.dtype == torch.bfloat16 or (
-        on_cpu and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
-    if not (on_cpu and bf16 and torch.is_grad_enabled() and query.requires_grad):
+    rows = _PACKED_ROWS.get()
+    if rows is not None:
+        return packed_attention(module, query, key, value, rows, **kwargs)
+    if not _upcast_for_grad(query):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     with torch.autocast("cpu", enabled=False):
         out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(),
@@ -42,23 +57,74 @@ def sdpa_fp32_grad_attention(module, query, key, value, attention_mask, **kwargs
     return out.to(torch.bfloat16), weights
 
 
+def packed_attention(module, query, key, value, rows: tuple[int, ...], *, scaling=None, dropout=0.0, **kwargs):
+    """Causal attention within each row of a padding-free batch: one SDPA call per row.
+
+    query: [1, H, R, D]; key, value: [1, Hkv, R, D] (H a multiple of Hkv); rows: lengths summing
+    to R. No attention crosses a row boundary and no padding is computed. Differentiated in bf16
+    on a CPU, it runs in float32 like `sdpa_fp32_grad_attention`. Returns ([1, R, H, D], None).
+    Sliding-window and soft-capped attention are not supported (ValueError).
+    """
+    if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
+        raise ValueError("model.padding_free: this model's attention uses a sliding window or a soft cap, "
+                         "which the padding-free forward does not implement; set model.padding_free=false")
+    upcast = _upcast_for_grad(query)
+    p = dropout if module.training else 0.0
+    with torch.autocast("cpu", enabled=False) if upcast else contextlib.nullcontext():
+        if upcast:
+            query, key, value = query.float(), key.float(), value.float()
+        # split (not slicing): its backward is one cat, not a zero-filled full-size gradient per row
+        parts = [F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=scaling,
+                                                enable_gqa=q.shape[1] != k.shape[1])
+                 for q, k, v in zip(query.split(rows, 2), key.split(rows, 2), value.split(rows, 2))]
+        out = torch.cat(parts, 2).transpose(1, 2).contiguous()
+    return (out.to(torch.bfloat16) if upcast else out), None
+
+
+def _attention_mask_for(*args, **kwargs):
+    """The mask factory registered with `FAST_CPU_ATTENTION`: transformers' SDPA mask, or None inside
+    `packed_rows` (`packed_attention` needs none; this skips building an [R, R] block mask)."""
+    from transformers.masking_utils import sdpa_mask
+
+    return None if _PACKED_ROWS.get() is not None else sdpa_mask(*args, **kwargs)
+
+
+def _switch_attention(model: torch.nn.Module) -> bool:
+    """Puts a model that runs SDPA attention on `FAST_CPU_ATTENTION`; False if it cannot be."""
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", None)
+    if impl == FAST_CPU_ATTENTION:
+        return True
+    if impl != "sdpa" or not hasattr(model, "set_attn_implementation"):
+        return False
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    if FAST_CPU_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(FAST_CPU_ATTENTION, sdpa_fp32_grad_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(FAST_CPU_ATTENTION, _attention_mask_for)
+    model.set_attn_implementation(FAST_CPU_ATTENTION)
+    return True
+
+
 def use_fast_cpu_attention(model: torch.nn.Module, compute_dtype: torch.dtype | None, device) -> None:
     """Switches a model on SDPA attention to `sdpa_fp32_grad_attention` for bf16 on CPU (idempotent).
 
     Other models, dtypes and devices are left alone; the switch changes no inference numerics.
     """
-    config = getattr(model, "config", None)
-    if compute_dtype != torch.bfloat16 or torch.device(device).type != "cpu" or config is None:
-        return
-    if getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation"):
-        return
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    if compute_dtype == torch.bfloat16 and torch.device(device).type == "cpu":
+        _switch_attention(model)
 
-    if FAST_CPU_ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(FAST_CPU_ATTENTION, sdpa_fp32_grad_attention)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(FAST_CPU_ATTENTION, sdpa_mask)
-    model.set_attn_implementation(FAST_CPU_ATTENTION)
+
+@contextlib.contextmanager
+def packed_rows(rows: tuple[int, ...]):
+    """Within this block, forwards of models on `FAST_CPU_ATTENTION` treat their single input row as
+    `rows` back-to-back sequences (lengths, summing to the row's width)."""
+    token = _PACKED_ROWS.set(tuple(rows))
+    try:
+        yield
+    finally:
+        _PACKED_ROWS.reset(token)
 
 
 def training_module(model: torch.nn.Module, compile: bool, cpp_wrapper: bool = False) -> torch.nn.Module:
@@ -82,13 +148,18 @@ def completion_logprobs(
     with_entropy: bool = False,
     compute_dtype: torch.dtype | None = None,
     entropy_grad: bool = False,
+    padding_free: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the completion tokens (columns prompt_len..T-1) under `model`.
 
     input_ids, attention_mask: [n, T]. Returns (logp [n, Lc] float32, entropy [n, Lc] or None).
     Only the last Lc + 1 positions go through the LM head (`logits_to_keep`). The entropy is
-    detached unless `entropy_grad` (an entropy bonus in the loss).
+    detached unless `entropy_grad` (an entropy bonus in the loss). padding_free: forward only the
+    real tokens, packed into one row (`packed_completion_logprobs`); padded columns then get 0.
     """
+    if padding_free:
+        return packed_completion_logprobs(model, input_ids, attention_mask, prompt_len, temperature,
+                                          with_entropy, compute_dtype, entropy_grad)
     lc = input_ids.shape[1] - prompt_len
     use_fast_cpu_attention(model, compute_dtype, input_ids.device)
     with autocast(compute_dtype, str(input_ids.device)):
@@ -100,19 +171,70 @@ def completion_logprobs(
             logits_to_keep=lc + 1,
         )
     logits = out.logits[:, -(lc + 1) : -1]  # position t predicts token t+1
-    labels = input_ids[:, prompt_len:]
+    return _logprobs_of(logits, input_ids[:, prompt_len:], temperature, with_entropy, entropy_grad)
+
+
+def _logprobs_of(logits, labels, temperature, with_entropy, entropy_grad):
+    """(logp, entropy or None) of `labels` under `logits` [..., V]; see `completion_logprobs`."""
     if with_entropy and entropy_grad:  # an entropy bonus: differentiate the entropy too
         return token_logprobs(logits, labels, temperature), entropy(logits, temperature)
     logp, ent = fused_token_logprobs(logits, labels, temperature, with_entropy)
     return logp, ent if with_entropy else None
 
 
+def packed_completion_logprobs(model, input_ids, attention_mask, prompt_len, temperature=1.0, with_entropy=False,
+                               compute_dtype=None, entropy_grad=False):
+    """`completion_logprobs` without computing padding: the rows' real tokens go through the model
+    as one row of R tokens (positions restart at each original row; attention stays within it, see
+    `packed_attention`), and the LM head runs only on the positions that predict a real completion
+    token. Same arguments and returns; columns that are padding in `attention_mask` get 0.
+
+    Each row's real tokens must be contiguous (a left-padded prompt followed by a right-padded
+    completion, as rollouts are); a row with completion tokens needs a real last prompt token.
+    The model must run SDPA attention (it is switched to `FAST_CPU_ATTENTION`); else ValueError.
+    """
+    n, width = input_ids.shape
+    real = attention_mask.bool()
+    _check_packable(real, prompt_len)
+    if not _switch_attention(model):
+        raise ValueError("model.padding_free needs a model with SDPA attention (attn_implementation='sdpa'); "
+                         f"this one runs {getattr(getattr(model, 'config', None), '_attn_implementation', None)!r}")
+    lengths = real.sum(-1)
+    rows = tuple(int(x) for x in lengths[lengths > 0].tolist())
+    packed_index = (real.flatten().cumsum(0) - 1).view(n, width)  # each real token's place in the packed row
+    scored = real[:, prompt_len:]  # the completion tokens that get a log-prob
+    predictors = packed_index[:, prompt_len:][scored] - 1  # each one is predicted by the token before it
+    with packed_rows(rows), autocast(compute_dtype, str(input_ids.device)):
+        out = model(input_ids=input_ids[real][None], position_ids=position_ids(attention_mask)[real][None],
+                    use_cache=False, logits_to_keep=predictors)
+    logp, ent = _logprobs_of(out.logits[0], input_ids[:, prompt_len:][scored], temperature, with_entropy, entropy_grad)
+    return _unpack(logp, scored), (_unpack(ent, scored) if ent is not None else None)
+
+
+def _unpack(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """[K] values into the True places of `where` [n, Lc] (K of them), 0 elsewhere; differentiable."""
+    return values.new_zeros(where.shape).masked_scatter(where, values)
+
+
+def _check_packable(real: torch.Tensor, prompt_len: int) -> None:
+    """ValueError unless each row's real tokens are one contiguous run that, when it reaches the
+    completion, includes the last prompt column (so each scored token's predictor is in its row)."""
+    starts = real[:, :1].long().sum(-1) + (real[:, 1:] & ~real[:, :-1]).sum(-1)
+    if bool((starts > 1).any()):
+        raise ValueError("model.padding_free: a row's attention_mask has a gap (its real tokens must be "
+                         "a left-padded prompt followed by a right-padded completion)")
+    if prompt_len < 1 or bool((real[:, prompt_len:].any(-1) & ~real[:, prompt_len - 1]).any()):
+        raise ValueError("model.padding_free: a row has completion tokens but no prompt token before them")
+
+
 @torch.no_grad()
-def batched_logprobs(model, rollout, temperature: float, batch_size: int, compute_dtype=None) -> torch.Tensor:
+def batched_logprobs(model, rollout, temperature: float, batch_size: int, compute_dtype=None,
+                     padding_free: bool = False) -> torch.Tensor:
     """No-grad log-probs of every completion token of a Rollout, in chunks of `batch_size` rows.
 
     Rows are grouped by length (`length_buckets`) so that each chunk carries little padding.
     Returns [N, Lc] float32 aligned with rollout.loss_mask (0 beyond each chunk's trimmed width).
+    padding_free: each chunk forwards only its real tokens (`packed_completion_logprobs`).
     """
     n, lc = rollout.loss_mask.shape
     out = torch.zeros(n, lc, dtype=torch.float32, device=rollout.loss_mask.device)
@@ -120,7 +242,7 @@ def batched_logprobs(model, rollout, temperature: float, batch_size: int, comput
         for idx in length_buckets(rollout, batch_size):
             sub = rollout.select(idx)
             lp, _ = completion_logprobs(model, sub.input_ids, sub.attention_mask, sub.prompt_len, temperature,
-                                        compute_dtype=compute_dtype)
+                                        compute_dtype=compute_dtype, padding_free=padding_free)
             out[idx, : lp.shape[1]] = lp.float().to(out.device)
     if out.device.type == "cpu":
         from grpolab.rollout.hf import release_free_memory

@@ -41,10 +41,12 @@ def train(s: Setup) -> list[dict]:
             ro = ro.replace(rewards=rewards, advantages=adv, loss_mask=s.train_mask(ro, rewards))
         with torch.no_grad(), st.timer("logprob"):
             if cfg.needs_old_logp_pass:  # else Phase B's first minibatch (all rows, under π_old) records it
-                ro = ro.replace(old_logp=batched_logprobs(s.train_model, ro, cfg.rollout.temperature, cfg.train.microbatch_size, s.compute_dtype))
+                ro = ro.replace(old_logp=batched_logprobs(s.train_model, ro, cfg.rollout.temperature, cfg.train.microbatch_size,
+                                                          s.compute_dtype, cfg.model.padding_free))
             if s.reference is not None:
                 with s.reference() as ref:
-                    ro = ro.replace(ref_logp=batched_logprobs(ref, ro, cfg.rollout.temperature, cfg.train.microbatch_size, s.compute_dtype))
+                    ro = ro.replace(ref_logp=batched_logprobs(ref, ro, cfg.rollout.temperature, cfg.train.microbatch_size,
+                                                              s.compute_dtype, cfg.model.padding_free))
         # ---------------- Phase B: learning on the frozen rollout.
         with st.timer("learn"):
             learn(s, ro, st)

@@ -30,6 +30,7 @@ class Objective:
     agg_constant_tokens: int
     temperature: float
     compute_dtype: torch.dtype | None = None
+    padding_free: bool = False
 
     def normalizer(self, loss_mask: torch.Tensor) -> torch.Tensor:
         """The minibatch-wide divisor (see algo.losses.agg_normalizer)."""
@@ -45,6 +46,7 @@ class Objective:
         logp, ent = completion_logprobs(
             model, micro.input_ids, micro.attention_mask, micro.prompt_len, self.temperature,
             with_entropy=True, compute_dtype=self.compute_dtype, entropy_grad=self.entropy_coef > 0,
+            padding_free=self.padding_free,
         )
         old = micro.old_logp if micro.old_logp is not None else logp.detach()
         mask = micro.loss_mask
@@ -76,7 +78,7 @@ class Objective:
         return loss, stats
 
 
-def build_objective(loss_cfg, rollout_cfg, compute_dtype=None) -> Objective:
+def build_objective(loss_cfg, rollout_cfg, compute_dtype=None, padding_free: bool = False) -> Objective:
     """Selects the policy loss from the registry once; returns the callable objective."""
     if loss_cfg.policy_loss not in POLICY_LOSSES:
         raise ValueError(f"loss.policy_loss={loss_cfg.policy_loss!r} is not a GRPO-family loss; "
@@ -94,4 +96,5 @@ def build_objective(loss_cfg, rollout_cfg, compute_dtype=None) -> Objective:
         agg_constant_tokens=loss_cfg.agg_constant_tokens or rollout_cfg.max_new_tokens,
         temperature=rollout_cfg.temperature,
         compute_dtype=compute_dtype,
+        padding_free=padding_free,
     )

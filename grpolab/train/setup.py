@@ -266,7 +266,7 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
         cfg=cfg, policy=policy, tokenizer=tokenizer,
         engine=HFEngine(tokenizer, r.max_new_tokens, r.temperature, r.top_p, r.top_k, dtype, compile=r.compile,
                         bf16_weights=r.bf16_weights),
-        objective=build_objective(cfg.loss, r, dtype),
+        objective=build_objective(cfg.loss, r, dtype, cfg.model.padding_free),
         advantage_fn=make_advantage_fn(cfg.loss.advantage, cfg.loss.std, cfg.loss.std_eps),
         rewards=rewards, prompts=prompts, optimizer=opt, scheduler=sched,
         sample_gen=torch.Generator(device=device).manual_seed(cfg.train.seed),

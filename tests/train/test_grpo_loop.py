@@ -142,6 +142,40 @@ def test_microbatch_size_does_not_change_the_update(agg):
         torch.testing.assert_close(results[1][k], results[0][k])
 
 
+def test_padding_free_forwards_give_the_same_training(monkeypatch):
+    """model.padding_free: Phase A's π_old / π_ref passes and Phase B's microbatches forward only
+    real tokens; in fp64 two steps (μ = 2, KL, 2 minibatches) end at the same weights."""
+    results, calls = [], []
+    real = grpo.batched_logprobs
+
+    def spy(*a, **k):
+        calls.append(a[-1] if len(a) > 5 else k.get("padding_free"))
+        return real(*a, **k)
+
+    import grpolab.models.forward as fwd
+
+    packed, real_packed = [], fwd.packed_completion_logprobs
+    monkeypatch.setattr(grpo, "batched_logprobs", spy)
+    monkeypatch.setattr(fwd, "packed_completion_logprobs", lambda *a, **k: packed.append(1) or real_packed(*a, **k))
+    for padding_free in (False, True):
+        cfg = _cfg(f"model.padding_free={str(padding_free).lower()}", "loss.kl_coef=0.04", "train.minibatch_size=8",
+                   "rollout.max_new_tokens=8", "rollout.temperature=2.0")
+        s = _setup(cfg)
+        assert s.objective.padding_free is padding_free
+        s.policy.double()
+        s.reference().__enter__().double()
+        rows = grpo.train(s)
+        results.append(({k: v.clone() for k, v in s.policy.state_dict().items()}, rows))
+        assert (len(packed) > 0) is padding_free
+    # per step: 2 chunks each for π_old and π_ref, 2 epochs × 2 minibatches of one microbatch
+    assert len(packed) == 2 * (2 + 2 + 4)
+    assert calls == [False] * 4 + [True] * 4  # old + ref pass per step, each run
+    (want, want_rows), (got, got_rows) = results
+    assert [r["len/mean"] for r in got_rows] == [r["len/mean"] for r in want_rows]  # same samples
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])
+
+
 def test_every_preset_runs_through_the_same_loop():
     for name in ("onpolicy_sft", "reinforce", "reinforce_norm", "grpo", "dr_grpo", "dapo", "gspo", "rloo"):
         cfg = C.from_preset(name, ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=3",

@@ -1,0 +1,137 @@
+"""The padding-free log-prob forward (model.padding_free): same log-probs and gradients as the padded one."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from grpolab.models.forward import (
+    FAST_CPU_ATTENTION,
+    batched_logprobs,
+    completion_logprobs,
+    packed_completion_logprobs,
+)
+from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+
+
+def _gqa_llama(vocab: int) -> torch.nn.Module:
+    """A 2-layer Llama with grouped-query attention (4 query heads over 2 key/value heads)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).float()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module", params=["qwen2", "gqa-llama"])
+def model(request, tok):
+    if request.param == "qwen2":
+        return build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=0)
+    return _gqa_llama(len(tok))
+
+
+@pytest.fixture(scope="module")
+def rollout(tok):
+    """A real rollout layout: left-padded prompts of 3 lengths, completions of many lengths."""
+    from grpolab.rollout.hf import HFEngine
+
+    sampler = build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=1)
+    eng = HFEngine(tok, max_new_tokens=12)
+    ro = eng.generate(sampler, ["1+1=", "12+34=", "7="], 4, generator=torch.Generator().manual_seed(0))
+    lengths = ro.completion_lengths
+    assert lengths.min() < lengths.max() and ro.attention_mask[:, 0].sum() < ro.num_sequences  # padding on both sides
+    return ro
+
+
+def _logp_grad(model, ro, padding_free, dtype=None, weights=None):
+    model.zero_grad(set_to_none=True)
+    logp, ent = completion_logprobs(model, ro.input_ids, ro.attention_mask, ro.prompt_len, 0.9, with_entropy=True,
+                                    compute_dtype=dtype, padding_free=padding_free)
+    w = weights if weights is not None else torch.ones_like(logp)
+    (logp * w * ro.loss_mask).sum().backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return logp.detach(), ent, grads
+
+
+def test_padding_free_matches_the_padded_forward_in_fp32(model, rollout):
+    m = copy.deepcopy(model).train()
+    weights = torch.randn(rollout.loss_mask.shape, generator=torch.Generator().manual_seed(2))
+    want_lp, want_ent, want_g = _logp_grad(m, rollout, False, weights=weights)
+    got_lp, got_ent, got_g = _logp_grad(m, rollout, True, weights=weights)
+    real = rollout.attention_mask[:, rollout.prompt_len:]
+    assert bool(rollout.loss_mask.le(real).all())
+    torch.testing.assert_close(got_lp[real], want_lp[real])
+    torch.testing.assert_close(got_ent[real], want_ent[real])
+    assert bool((got_lp[~real] == 0).all()) and bool((got_ent[~real] == 0).all())
+    # fp32 sums in another order (fewer rows, other GEMM blocking): close, not bit-identical
+    torch.testing.assert_close(got_g, want_g, rtol=1e-4, atol=1e-6)
+    assert m.config._attn_implementation == FAST_CPU_ATTENTION
+
+
+def test_padding_free_in_bf16_matches_the_padded_bf16_forward_to_bf16_precision(model, rollout):
+    m = copy.deepcopy(model).train()
+    want_lp, _, want_g = _logp_grad(m, rollout, False, dtype=torch.bfloat16)
+    got_lp, _, got_g = _logp_grad(m, rollout, True, dtype=torch.bfloat16)
+    mask = rollout.loss_mask
+    # bf16 autocast: both paths round to an 8-bit mantissa, in different places
+    torch.testing.assert_close(got_lp[mask], want_lp[mask], rtol=0.02, atol=0.05)
+    err = float((got_g - want_g).norm() / want_g.norm())
+    assert err < 0.03, err
+
+
+def test_batched_logprobs_padding_free_equals_padded(model, rollout):
+    m = copy.deepcopy(model).eval()
+    want = batched_logprobs(m, rollout, 1.0, batch_size=5)
+    got = batched_logprobs(m, rollout, 1.0, batch_size=5, padding_free=True)
+    mask = rollout.loss_mask
+    torch.testing.assert_close(got[mask], want[mask])
+
+
+def test_entropy_bonus_is_differentiated_through_the_packed_path(rollout, tok):
+    m = build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=0)
+    grads = []
+    for padding_free in (False, True):
+        m.zero_grad(set_to_none=True)
+        _, ent = completion_logprobs(m, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
+                                     with_entropy=True, entropy_grad=True, padding_free=padding_free)
+        assert ent.requires_grad
+        (ent * rollout.loss_mask).sum().backward()
+        grads.append(m.model.embed_tokens.weight.grad.clone())
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+
+
+def test_rows_with_a_gap_or_no_prompt_token_are_rejected(tok, rollout):
+    m = build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=0)
+    am = rollout.attention_mask.clone()
+    am[0, rollout.prompt_len + 1] = False  # a hole inside row 0's completion
+    am[0, rollout.prompt_len + 2 :] = True
+    with pytest.raises(ValueError, match="gap"):
+        packed_completion_logprobs(m, rollout.input_ids, am, rollout.prompt_len)
+    am = rollout.attention_mask.clone()
+    am[1, : rollout.prompt_len] = False  # completion without a prompt
+    with pytest.raises(ValueError, match="no prompt token"):
+        packed_completion_logprobs(m, rollout.input_ids, am, rollout.prompt_len)
+
+
+def test_a_model_without_sdpa_attention_is_rejected(tok, rollout):
+    m = build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=0)
+    m.set_attn_implementation("eager")
+    with pytest.raises(ValueError, match="SDPA"):
+        packed_completion_logprobs(m, rollout.input_ids, rollout.attention_mask, rollout.prompt_len)
+
+
+def test_config_rejects_padding_free_with_compile():
+    from grpolab import config as C
+
+    with pytest.raises(ValueError, match="model.padding_free"):
+        C.from_preset("grpo", ["model.padding_free=true", "model.compile=true"])
+    assert C.from_preset("grpo", ["model.padding_free=true"]).model.padding_free

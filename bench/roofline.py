@@ -1,7 +1,7 @@
 """How close a grpolab step comes to this CPU's measured GEMM peak, phase by phase.
 
     python bench/roofline.py                              # tiny fixture, bf16, peak in fp32 and bf16
-    python bench/roofline.py --model smollm2 --prompts 4 --microbatch 16 --steps 2
+    python bench/roofline.py --model smollm2 --prompts 4 --microbatch 32 --steps 2 --lr 1e-5 --padding-free
     python bench/roofline.py --peak-only
 
 1. Peak: the best sustained rate of large GEMMs (`--gemm` = M = N = K; 20 timings of 5 back-to-back
@@ -13,7 +13,8 @@
    - LM head: 2·hidden·vocab per position whose logits are computed;
    - generation: each prompt prefilled once (grpolab shares it among its G samples), then one
      decoder pass + LM head per generated token, at its context length;
-   - old / reference forward: every row, LM head on the completion positions only;
+   - reference forward (and a π_old forward, which the bench's one minibatch per epoch never
+     needs): every row, LM head on the completion positions only;
    - training: forward + backward = 3 × the forward, μ times.
 3. Each phase's FLOP/s over its measured time, as a fraction of the peak of the compute dtype.
 """
@@ -79,7 +80,9 @@ def step_flops(shape: dict, w: Workload, prompt_len: float, comp_len: float) -> 
     decode = forward_flops(shape, n * comp_len, prompt_len + comp_len / 2, n * comp_len)
     seq = prompt_len + comp_len
     one_pass = forward_flops(shape, n * seq, seq / 2, n * comp_len)
-    passes = (1 if w.epochs > 1 else 0) + (1 if w.beta > 0 else 0)
+    # a Workload's optimizer step covers the whole batch (one minibatch per epoch), so grpolab runs no
+    # π_old pass (epoch 0's training forward records it): the no-grad passes are the reference's
+    passes = 1 if w.beta > 0 else 0
     return {"generate": prefill + decode, "logprob": passes * one_pass, "learn": 3 * w.epochs * one_pass}
 
 
@@ -96,7 +99,7 @@ def run(args) -> None:
 
     w = Workload(model=args.model, prompts_per_step=args.prompts, microbatch_size=args.microbatch,
                  dtype=args.dtype, max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta,
-                 lr=args.lr, grpolab_compile=args.compile)
+                 lr=args.lr, grpolab_compile=args.compile, grpolab_padding_free=args.padding_free)
     path = model_dir(w.model)
     tok = load_tokenizer(path)
     prompts = [p["prompt"] for p in prompt_set(model=w.model)]
@@ -105,7 +108,8 @@ def run(args) -> None:
     res = run_grpolab(w, args.steps, args.warmup)
     timed = res["steps"][res["warmup"]:]
     peak = peaks[w.dtype]
-    print(f"{w.model} {w.dtype}{' compiled' if w.grpolab_compile else ''}: P={w.prompts_per_step} G={w.group_size} mean prompt {prompt_len:.1f} tokens")
+    mode = " compiled" if w.grpolab_compile else " padding-free" if w.grpolab_padding_free else ""
+    print(f"{w.model} {w.dtype}{mode}: P={w.prompts_per_step} G={w.group_size} mean prompt {prompt_len:.1f} tokens")
     print(f"{'phase':9} {'s':>7} {'GFLOP':>8} {'GFLOP/s':>8} {'of peak':>8}")
     total_f = total_t = 0.0
     for name in ("generate", "logprob", "learn"):
@@ -138,6 +142,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peak-only", action="store_true")
     p.add_argument("--compile", action="store_true",
                    help="model.compile=true (torch.compile of the training forward; use --warmup >= 1)")
+    p.add_argument("--padding-free", action="store_true",
+                   help="model.padding_free=true (the log-prob forwards compute no padding; not with --compile)")
     return p.parse_args(argv)
 
 

@@ -44,8 +44,19 @@ class _Spy:
         return loss, stats
 
 
+def _char_sum_reward():
+    """A reward that differs between almost any two completions (so every step has a gradient; the
+    task's own rewards are all 0 for some draws of an untrained model)."""
+    from grpolab.rewards.base import register_reward, reward_names
+
+    if "t_char_sum" not in reward_names():
+        register_reward("t_char_sum")(lambda: lambda prompts, completions, metadata:
+                                      [sum(map(ord, c)) % 7 / 7 for c in completions])
+    return [{"name": "t_char_sum", "weight": 1.0}]
+
+
 def test_old_logp_untouched_ratio_one_first_micro_and_params_change(monkeypatch):
-    cfg = _cfg()
+    cfg = _cfg().replace(rewards=_char_sum_reward())
     s = _setup(cfg)
     spy = _Spy(s.objective)
     s.objective = spy

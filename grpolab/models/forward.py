@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import contextvars
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +21,9 @@ def autocast(dtype: torch.dtype | None, device: str = "cpu"):
 FAST_CPU_ATTENTION = "grpolab_sdpa"
 
 # The row lengths of the padding-free forward in progress (`packed_rows`); None = an ordinary padded batch.
-_PACKED_ROWS: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar("grpolab_packed_rows", default=None)
+# A module global, not a ContextVar: torch.compile cannot trace ContextVar.get, which broke every compiled
+# forward (training and decode) into pieces; a global is a guard. Forwards run on one thread.
+_PACKED_ROWS: tuple[int, ...] | None = None
 
 
 def _upcast_for_grad(query: torch.Tensor) -> bool:
@@ -46,9 +47,8 @@ def sdpa_fp32_grad_attention(module, query, key, value, attention_mask, **kwargs
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    rows = _PACKED_ROWS.get()
-    if rows is not None:
-        return packed_attention(module, query, key, value, rows, **kwargs)
+    if _PACKED_ROWS is not None:
+        return packed_attention(module, query, key, value, _PACKED_ROWS, **kwargs)
     if not _upcast_for_grad(query):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     with torch.autocast("cpu", enabled=False):
@@ -86,7 +86,7 @@ def _attention_mask_for(*args, **kwargs):
     `packed_rows` (`packed_attention` needs none; this skips building an [R, R] block mask)."""
     from transformers.masking_utils import sdpa_mask
 
-    return None if _PACKED_ROWS.get() is not None else sdpa_mask(*args, **kwargs)
+    return None if _PACKED_ROWS is not None else sdpa_mask(*args, **kwargs)
 
 
 def _switch_attention(model: torch.nn.Module) -> bool:
@@ -120,11 +120,12 @@ def use_fast_cpu_attention(model: torch.nn.Module, compute_dtype: torch.dtype | 
 def packed_rows(rows: tuple[int, ...]):
     """Within this block, forwards of models on `FAST_CPU_ATTENTION` treat their single input row as
     `rows` back-to-back sequences (lengths, summing to the row's width)."""
-    token = _PACKED_ROWS.set(tuple(rows))
+    global _PACKED_ROWS
+    previous, _PACKED_ROWS = _PACKED_ROWS, tuple(rows)
     try:
         yield
     finally:
-        _PACKED_ROWS.reset(token)
+        _PACKED_ROWS = previous
 
 
 def training_module(model: torch.nn.Module, compile: bool, cpp_wrapper: bool = False) -> torch.nn.Module:

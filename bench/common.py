@@ -63,6 +63,8 @@ class Workload:
     """grpolab side only, bfloat16: rollout.bf16_weights (sample from a per-rollout bf16 weight copy)."""
     grpolab_padding_free: bool = False
     """grpolab side only: model.padding_free (log-prob forwards pack the real tokens; eager only)."""
+    grpolab_keep_freed_memory: bool = False
+    """grpolab side only: train.keep_freed_memory (no heap trims between phases; more peak RSS)."""
     trl_compile: bool = False
     """TRL side only: TrainingArguments.torch_compile (the Trainer compiles the model it trains)."""
 

@@ -99,7 +99,8 @@ def run(args) -> None:
 
     w = Workload(model=args.model, prompts_per_step=args.prompts, microbatch_size=args.microbatch,
                  dtype=args.dtype, max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta,
-                 lr=args.lr, grpolab_compile=args.compile, grpolab_padding_free=args.padding_free)
+                 lr=args.lr, grpolab_compile=args.compile, grpolab_padding_free=args.padding_free,
+                 grpolab_keep_freed_memory=args.keep_freed_memory)
     path = model_dir(w.model)
     tok = load_tokenizer(path)
     prompts = [p["prompt"] for p in prompt_set(model=w.model)]
@@ -144,6 +145,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="model.compile=true (torch.compile of the training forward; use --warmup >= 1)")
     p.add_argument("--padding-free", action="store_true",
                    help="model.padding_free=true (the log-prob forwards compute no padding; not with --compile)")
+    p.add_argument("--keep-freed-memory", action="store_true",
+                   help="train.keep_freed_memory=true (no heap trims between phases)")
     return p.parse_args(argv)
 
 

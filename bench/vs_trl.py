@@ -75,6 +75,7 @@ def run_grpolab(w: Workload, steps: int, warmup: int) -> dict:
         f"model.compile_cpp_wrapper={str(w.grpolab_compile and w.grpolab_cpp_wrapper).lower()}",
         f"rollout.bf16_weights={str(w.grpolab_bf16_weights and w.dtype == 'bfloat16').lower()}",
         f"model.padding_free={str(w.grpolab_padding_free).lower()}",
+        f"train.keep_freed_memory={str(w.grpolab_keep_freed_memory).lower()}",
     ])
     cfg = cfg.replace(rewards=[{"name": "bench_digits", "weight": 1.0}])
     torch.manual_seed(w.seed)
@@ -255,7 +256,8 @@ def workload(args, dtype: str, seed: int) -> Workload:
                     grpolab_compile=args.grpolab_compile, trl_compile=args.trl_compile,
                     grpolab_compile_decode=args.grpolab_compile_decode,
                     grpolab_bf16_weights=args.grpolab_bf16_weights, grpolab_cpp_wrapper=args.grpolab_cpp_wrapper,
-                    grpolab_padding_free=args.grpolab_padding_free)
+                    grpolab_padding_free=args.grpolab_padding_free,
+                    grpolab_keep_freed_memory=args.grpolab_keep_freed_memory)
 
 
 def speed(args) -> None:
@@ -320,6 +322,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="grpolab side, bfloat16 runs: rollout.bf16_weights=true (bf16 weight copy for sampling)")
     p.add_argument("--grpolab-padding-free", action="store_true",
                    help="grpolab side: model.padding_free=true (forwards only real tokens; not with --grpolab-compile)")
+    p.add_argument("--grpolab-keep-freed-memory", action="store_true",
+                   help="grpolab side: train.keep_freed_memory=true (no heap trims between phases)")
     p.add_argument("--trl-compile", action="store_true",
                    help="TRL side: torch_compile=True (use --warmup >= 1: the first step compiles)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per run (0 = torch's default)")

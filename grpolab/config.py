@@ -150,6 +150,12 @@ class TrainConfig:
     """Sequences per optimizer step."""
     microbatch_size: int = 32
     """Sequences per forward/backward (gradients accumulate up to a minibatch)."""
+    keep_freed_memory: bool = False
+    """CPU with glibc: keep freed memory in the process between phases instead of handing it back to
+    the OS (no malloc_trim after the rollout and the no-grad passes; glibc's mmap and trim thresholds
+    at 1 GiB), so Phase B reuses pages instead of page-faulting them in again. Trades peak RSS for
+    time: SmolLM2-135M bench, same samples, alternating: learning 8.5-12.0 vs 9.7-13.7 s per step,
+    peak RSS 5125-5139 vs 4941-5001 MB. Process-wide once set (grpolab.rollout.hf.keep_freed_memory)."""
     world_size: int = 1
     """Data-parallel ranks (each gets minibatch_size / world_size sequences per optimizer step)."""
     lr: float = 1e-4

@@ -18,7 +18,7 @@ from grpolab.algo.advantages import make_advantage_fn, zero_std_groups
 from grpolab.config import Config, ConfigError
 from grpolab.report.progress import Progress
 from grpolab.rewards.base import build_reward, probe_rewards
-from grpolab.rollout.hf import HFEngine
+from grpolab.rollout.hf import HFEngine, keep_freed_memory
 from grpolab.models.forward import training_module
 from grpolab.models.loading import frozen_copy
 from grpolab.train.objective import Objective, build_objective
@@ -261,6 +261,8 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     total = cfg.train.steps * cfg.optimizer_steps_per_step
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.train.lr_schedule, cfg.train.warmup_steps, total))
     device = next(policy.parameters()).device
+    if cfg.train.keep_freed_memory and device.type == "cpu":
+        keep_freed_memory()
     r = cfg.rollout
     return Setup(
         cfg=cfg, policy=policy, tokenizer=tokenizer,

@@ -1,4 +1,4 @@
-"""HFEngine with rollout.bf16_weights: sampling from a per-call bfloat16 copy of the policy."""
+"""HFEngine with rollout.bf16_weights (sampling from a per-call bfloat16 copy of the policy); the heap policy."""
 
 from __future__ import annotations
 
@@ -40,3 +40,40 @@ def test_bf16_weights_samples_from_the_bf16_copy_and_restores_the_policy(tiny):
     # ... and not those of the float32 weights under autocast (the default)
     plain = generate(model, False)
     assert not torch.equal(ro.sampler_logp, plain.sampler_logp)
+
+
+class _FakeLibc:
+    """Records the glibc calls of release_free_memory / keep_freed_memory."""
+
+    def __init__(self):
+        self.calls = []
+
+    def malloc_trim(self, pad):
+        self.calls.append(("malloc_trim", pad))
+
+    def mallopt(self, param, value):
+        self.calls.append(("mallopt", param, value))
+        return 1
+
+
+def test_keep_freed_memory_raises_the_thresholds_and_stops_the_trims(monkeypatch):
+    import grpolab.rollout.hf as hf
+
+    libc = _FakeLibc()
+    monkeypatch.setattr(hf, "_LIBC", libc)
+    monkeypatch.setattr(hf, "_KEEP_FREED", False)  # restored after the test: the switch is process-wide
+    hf.release_free_memory()
+    assert libc.calls == [("malloc_trim", 0)]
+    assert hf.keep_freed_memory() is True
+    assert libc.calls[1:] == [("mallopt", -3, 1 << 30), ("mallopt", -1, 1 << 30)]  # M_MMAP_, M_TRIM_THRESHOLD
+    hf.release_free_memory()
+    assert len(libc.calls) == 3  # no further trim
+
+
+def test_keep_freed_memory_without_glibc_changes_nothing(monkeypatch):
+    import grpolab.rollout.hf as hf
+
+    monkeypatch.setattr(hf, "_LIBC", False)
+    monkeypatch.setattr(hf, "_KEEP_FREED", False)
+    assert hf.keep_freed_memory() is False
+    assert hf._KEEP_FREED is False

@@ -51,3 +51,21 @@ def test_model_compile_compiles_the_reference_and_old_logprob_forwards_not_the_c
         assert not isinstance(factory.model, OptimizedModule)  # checkpoints save the plain copy
         assert not any(p.requires_grad for p in factory.model.parameters())
         assert isinstance(training_module(policy, compile_), OptimizedModule) == compile_
+
+
+def test_train_keep_freed_memory_switches_the_heap_policy_at_setup(monkeypatch):
+    import grpolab.train.setup as S
+    from grpolab import config as C
+    from grpolab.data.arith import ArithTask
+    from grpolab.data.stream import ArithStream
+    from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+
+    calls = []
+    monkeypatch.setattr(S, "keep_freed_memory", lambda: calls.append(1) or True)  # the real one is process-wide
+    tok = build_char_tokenizer()
+    for keep in (False, True):
+        cfg = C.from_preset("grpo", [f"train.keep_freed_memory={str(keep).lower()}", "run.tensorboard=false",
+                                     "run.progress=false"])
+        policy = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+        S.build_setup(cfg, policy=policy, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))
+        assert len(calls) == int(keep)

@@ -220,7 +220,7 @@ def _unpack(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
 def _check_packable(real: torch.Tensor, prompt_len: int) -> None:
     """ValueError unless each row's real tokens are one contiguous run that, when it reaches the
     completion, includes the last prompt column (so each scored token's predictor is in its row)."""
-    starts = real[:, :1].long().sum(-1) + (real[:, 1:] & ~real[:, :-1]).sum(-1)
+    starts = real[:, 0].long() + (real[:, 1:] & ~real[:, :-1]).sum(-1)  # runs of real tokens per row
     if bool((starts > 1).any()):
         raise ValueError("model.padding_free: a row's attention_mask has a gap (its real tokens must be "
                          "a left-padded prompt followed by a right-padded completion)")

@@ -109,7 +109,9 @@ def run(args) -> None:
     res = run_grpolab(w, args.steps, args.warmup)
     timed = res["steps"][res["warmup"]:]
     peak = peaks[w.dtype]
-    mode = " compiled" if w.grpolab_compile else " padding-free" if w.grpolab_padding_free else ""
+    flags = {"compiled": w.grpolab_compile, "padding-free": w.grpolab_padding_free,
+             "keep-freed-memory": w.grpolab_keep_freed_memory}
+    mode = "".join(f" {name}" for name, on in flags.items() if on)
     print(f"{w.model} {w.dtype}{mode}: P={w.prompts_per_step} G={w.group_size} mean prompt {prompt_len:.1f} tokens")
     print(f"{'phase':9} {'s':>7} {'GFLOP':>8} {'GFLOP/s':>8} {'of peak':>8}")
     total_f = total_t = 0.0

@@ -39,6 +39,7 @@ def sample_tokens(
     z = logits.float() / temperature
     logp_all = torch.log_softmax(z, dim=-1)
     filtered = filter_logits(z, top_k, top_p)
+    # filter_logits returns z itself when it filters nothing: then the probabilities are exp(logp_all)
     probs = logp_all.exp() if filtered is z else torch.softmax(filtered, dim=-1)
     tokens = draw_categorical(probs, generator)
     return tokens, logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

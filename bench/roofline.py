@@ -16,7 +16,12 @@
    - reference forward (and a π_old forward, which the bench's one minibatch per epoch never
      needs): every row, LM head on the completion positions only;
    - training: forward + backward = 3 × the forward, μ times.
-3. Each phase's FLOP/s over its measured time, as a fraction of the peak of the compute dtype.
+3. Each phase's FLOP/s over its measured time, as a fraction of the peak of the compute dtype:
+   "of peak" against the peak measured once before the run; "of local" against the mean of two
+   shorter peak measurements (`--bracket-repeats` timings) taken right before and right after the
+   phase's step (median over the timed steps). This VM's GEMM rate moves by up to 2x within
+   minutes (the same 2048³ bf16 GEMM: 450-650 GFLOP/s, rarely 1400), so a phase is also compared
+   with the machine's state while it ran.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Workload, load_tokenizer, model_dir, prompt_set, set_threads
+
+PHASES = ("generate", "logprob", "learn")  # the phases with model FLOPs (scoring has none)
 
 
 def gemm_peak(dtype, size: int = 2048, repeats: int = 20, group: int = 5) -> float:
@@ -106,25 +113,29 @@ def run(args) -> None:
     prompts = [p["prompt"] for p in prompt_set(model=w.model)]
     prompt_len = statistics.mean(len(ids) for ids in tok(prompts, add_special_tokens=False)["input_ids"])
     shape = model_shape(path)
-    res = run_grpolab(w, args.steps, args.warmup)
+    dtype = getattr(torch, w.dtype)
+    local = []  # the peak again before the first step and after each step: the machine state around each phase
+    res = run_grpolab(w, args.steps, args.warmup,
+                      between_steps=lambda: local.append(gemm_peak(dtype, args.gemm, repeats=args.bracket_repeats)))
     timed = res["steps"][res["warmup"]:]
+    brackets = [(local[i] + local[i + 1]) / 2 for i in range(res["warmup"], len(res["steps"]))]
     peak = peaks[w.dtype]
     flags = {"compiled": w.grpolab_compile, "padding-free": w.grpolab_padding_free,
              "keep-freed-memory": w.grpolab_keep_freed_memory}
     mode = "".join(f" {name}" for name, on in flags.items() if on)
     print(f"{w.model} {w.dtype}{mode}: P={w.prompts_per_step} G={w.group_size} mean prompt {prompt_len:.1f} tokens")
-    print(f"{'phase':9} {'s':>7} {'GFLOP':>8} {'GFLOP/s':>8} {'of peak':>8}")
-    total_f = total_t = 0.0
-    for name in ("generate", "logprob", "learn"):
-        fr, ts = [], []
-        for r in timed:
-            comp_len = r["gen_tokens"] / w.sequences_per_step
-            fr.append(step_flops(shape, w, prompt_len, comp_len)[name])
-            ts.append(r[name])
-        f, t = statistics.median(fr), statistics.median(ts)
-        total_f, total_t = total_f + f, total_t + t
-        print(f"{name:9} {t:7.3f} {f / 1e9:8.1f} {f / t / 1e9:8.1f} {f / t / peak:8.1%}")
-    print(f"{'step':9} {total_t:7.3f} {total_f / 1e9:8.1f} {total_f / total_t / 1e9:8.1f} {total_f / total_t / peak:8.1%}")
+    print(f"{w.dtype} peak around each timed step (mean of the measurements before and after it): "
+          + ", ".join(f"{b / 1e9:.0f}" for b in brackets) + " GFLOP/s")
+    print(f"{'phase':9} {'s':>7} {'GFLOP':>8} {'GFLOP/s':>8} {'of peak':>8} {'of local':>8}")
+    comp_lens = [r["gen_tokens"] / w.sequences_per_step for r in timed]
+    flops = {name: [step_flops(shape, w, prompt_len, c)[name] for c in comp_lens] for name in PHASES}
+    secs = {name: [r[name] for r in timed] for name in PHASES}
+    flops["step"] = [sum(per_step) for per_step in zip(*(flops[name] for name in PHASES))]
+    secs["step"] = [sum(per_step) for per_step in zip(*(secs[name] for name in PHASES))]
+    for name in (*PHASES, "step"):
+        f, t = statistics.median(flops[name]), statistics.median(secs[name])
+        of_local = statistics.median(x / y / b for x, y, b in zip(flops[name], secs[name], brackets))
+        print(f"{name:9} {t:7.3f} {f / 1e9:8.1f} {f / t / 1e9:8.1f} {f / t / peak:8.1%} {of_local:8.1%}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -143,6 +154,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="0 = torch's default")
     p.add_argument("--gemm", type=int, default=2048, help="M = N = K of the peak GEMM")
     p.add_argument("--peak-only", action="store_true")
+    p.add_argument("--bracket-repeats", type=int, default=8,
+                   help="timings of the peak measured before and after each step ('of local')")
     p.add_argument("--compile", action="store_true",
                    help="model.compile=true (torch.compile of the training forward; use --warmup >= 1)")
     p.add_argument("--padding-free", action="store_true",

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,7 +47,9 @@ PHASES = ("generate", "score", "logprob", "learn")
 # --------------------------------------------------------------------------- grpolab side
 
 
-def run_grpolab(w: Workload, steps: int, warmup: int) -> dict:
+def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[], None] | None = None) -> dict:
+    """Runs the workload through grpolab's loop; per-step phase times and peak RSS. between_steps:
+    called once before the first step and after each step, outside every phase timer."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -80,6 +82,15 @@ def run_grpolab(w: Workload, steps: int, warmup: int) -> dict:
     cfg = cfg.replace(rewards=[{"name": "bench_digits", "weight": 1.0}])
     torch.manual_seed(w.seed)
     s = build_setup(cfg, policy=policy, tokenizer=tok, prompts=ListStream(items, seed=w.seed))
+    if between_steps is not None:
+        after_step = s.after_step
+
+        def after_step_then(*args):
+            after_step(*args)
+            between_steps()
+
+        s.after_step = after_step_then
+        between_steps()
     rows = grpo.train(s)
     out = []
     for r in rows:

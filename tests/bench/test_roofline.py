@@ -1,0 +1,41 @@
+"""bench/roofline.py on the tiny fixture: the peak is measured again before the first step and
+after each step (outside the phase timers), and each phase is reported against both peaks."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+import roofline  # noqa: E402
+import vs_trl  # noqa: E402
+from common import Workload  # noqa: E402
+
+TINY = Workload(model="tiny", prompts_per_step=2, group_size=2, max_new_tokens=4, microbatch_size=4)
+
+
+def test_between_steps_runs_before_the_first_step_and_after_each():
+    calls = []
+    res = vs_trl.run_grpolab(TINY, steps=2, warmup=1, between_steps=lambda: calls.append(len(calls)))
+    assert len(res["steps"]) == 3
+    assert len(calls) == 4
+
+
+def test_phases_are_reported_against_the_run_peak_and_the_local_peak(capsys, monkeypatch):
+    peaks = iter([100e9, 200e9] + [50e9] * 10)  # fp32 and bf16 before the run, then the local ones
+    monkeypatch.setattr(roofline, "gemm_peak", lambda *a, **k: next(peaks))
+    roofline.run(roofline.parse_args(["--model", "tiny", "--prompts", "2", "--max-new-tokens", "4",
+                                      "--microbatch", "8", "--steps", "1", "--warmup", "0"]))
+    out = capsys.readouterr().out
+    assert "peak around each timed step (mean of the measurements before and after it): 50 GFLOP/s" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.split() and line.split()[0] in ("generate", "logprob", "learn", "step")}
+    assert set(rows) == {"generate", "logprob", "learn", "step"}
+    for name, cols in rows.items():
+        rate = float(cols[3])  # GFLOP/s
+        assert rate > 0, name
+        # bf16 run: "of peak" against 200 GFLOP/s, "of local" against 50 (4x the fraction). Tolerance:
+        # the printed rate is rounded to 0.05 GFLOP/s and each percentage to 0.05 points.
+        assert float(cols[4].rstrip("%")) == pytest.approx(rate / 200 * 100, abs=0.05 / 200 * 100 + 0.051), name
+        assert float(cols[5].rstrip("%")) == pytest.approx(rate / 50 * 100, abs=0.05 / 50 * 100 + 0.051), name

@@ -23,10 +23,12 @@ def test_between_steps_runs_before_the_first_step_and_after_each():
 
 
 def test_phases_are_reported_against_the_run_peak_and_the_local_peak(capsys, monkeypatch):
-    peaks = iter([100e9, 200e9] + [50e9] * 10)  # fp32 and bf16 before the run, then the local ones
+    # fp32 and bf16 before the run; then before step 0 (warm-up), after it, after step 1 (timed): the
+    # timed step's local peak is (40 + 60) / 2, not the warm-up step's (10 + 40) / 2
+    peaks = iter([100e9, 200e9, 10e9, 40e9, 60e9])
     monkeypatch.setattr(roofline, "gemm_peak", lambda *a, **k: next(peaks))
     roofline.run(roofline.parse_args(["--model", "tiny", "--prompts", "2", "--max-new-tokens", "4",
-                                      "--microbatch", "8", "--steps", "1", "--warmup", "0"]))
+                                      "--microbatch", "8", "--steps", "1", "--warmup", "1"]))
     out = capsys.readouterr().out
     assert "peak around each timed step (mean of the measurements before and after it): 50 GFLOP/s" in out
     rows = {line.split()[0]: line.split() for line in out.splitlines()

@@ -41,7 +41,8 @@ def sdpa_fp32_grad_attention(module, query, key, value, attention_mask, **kwargs
     machine, torch 2.13: [32, 4, 38, 64] fwd+bwd 50-68 ms vs 12-13 ms), so under bf16 autocast the
     attention of a training forward is upcast; inference (no grad) keeps the faster bf16 kernel.
     Inside `packed_rows` the batch is one padding-free row and each original row attends only to
-    itself (`packed_attention`). query/key/value: [B, H, T, D] (fp32 under autocast: the rotary
+    itself (`packed_attention`); a decode step traced by torch.compile runs `decode_attention`
+    (rollout/static.py). query/key/value: [B, H, T, D] (fp32 under autocast: the rotary
     embedding upcasts them). Returns (output [B, T, H, D], None); bf16 on the upcast path, as
     autocast's SDPA would return.
     """
@@ -49,12 +50,47 @@ def sdpa_fp32_grad_attention(module, query, key, value, attention_mask, **kwargs
 
     if _PACKED_ROWS is not None:
         return packed_attention(module, query, key, value, _PACKED_ROWS, **kwargs)
+    if _is_compiled_decode(query, key, attention_mask, kwargs):
+        return decode_attention(query, key, value, attention_mask, kwargs.get("scaling"))
     if not _upcast_for_grad(query):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     with torch.autocast("cpu", enabled=False):
         out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(),
                                               attention_mask, **kwargs)
     return out.to(torch.bfloat16), weights
+
+
+def decode_attention(query, key, value, attention_mask=None, scaling=None):
+    """Attention of one new token per row (a decode step), in float32, as plain tensor ops.
+
+    query: [B, H, 1, D]; key, value: [B, Hkv, L, D] (H a multiple of Hkv); attention_mask: None,
+    or bool (True = attend) or additive float, broadcastable to [B, 1, 1, L]; scaling: None means
+    D ** -0.5. Returns ([B, 1, H, D] in query's dtype, None), as transformers' SDPA attention.
+
+    For the compiled decode loop (rollout/static.py): PyTorch's CPU SDPA kernel handles one query
+    row per (row, head) poorly (bench fixture, [128, 4, 1, 64] over a 48-wide cache: about 1.6 ms
+    per layer), while these ops compile into a few fused loops over the cache. Eager, they are
+    slower than SDPA: only `sdpa_fp32_grad_attention` under torch.compile calls this.
+    """
+    b, h, _, d = query.shape
+    groups, width = h // key.shape[1], key.shape[2]
+    if groups > 1:  # grouped-query attention: key/value head j serves query heads j·groups ...
+        key = key[:, :, None].expand(-1, -1, groups, -1, -1).reshape(b, h, width, d)
+        value = value[:, :, None].expand(-1, -1, groups, -1, -1).reshape(b, h, width, d)
+    scores = (query.float() * key.float()).sum(-1) * (d**-0.5 if scaling is None else scaling)  # [B, H, L]
+    if attention_mask is not None:
+        mask = attention_mask.reshape(attention_mask.shape[0], 1, width)
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    out = (scores.softmax(-1)[..., None] * value.float()).sum(-2)  # [B, H, D]
+    return out[:, None].to(query.dtype), None
+
+
+def _is_compiled_decode(query, key, attention_mask, kwargs) -> bool:
+    """True for a decode step (one query position, no grad) traced by torch.compile, with a mask
+    that `decode_attention` takes ([B or 1, 1, 1, L] over the whole cache) and no soft cap."""
+    return (query.shape[2] == 1 and torch.compiler.is_compiling() and not torch.is_grad_enabled()
+            and kwargs.get("softcap") is None and kwargs.get("dropout", 0.0) == 0.0
+            and (attention_mask is None or tuple(attention_mask.shape[1:]) == (1, 1, key.shape[2])))
 
 
 def packed_attention(module, query, key, value, rows: tuple[int, ...], *, scaling=None, dropout=0.0, **kwargs):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from grpolab.models.forward import autocast
+from grpolab.models.forward import autocast, use_fast_cpu_attention
 from grpolab.models.loading import frozen_copy
 from grpolab.rollout import static
 from grpolab.rollout.cache import new_decode_cache
@@ -66,6 +66,7 @@ class HFEngine:
         was_training = model.training
         model.eval()
         sampler = model
+        use_fast_cpu_attention(model, self.compute_dtype, device)  # bf16 CPU: the compiled loop's decode_attention
         try:
             if self.bf16_weights and self.compute_dtype == torch.bfloat16:
                 sampler = frozen_copy(model, torch.bfloat16)  # freed when this call returns

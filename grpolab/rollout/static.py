@@ -14,6 +14,10 @@ about 20 s, SmolLM2-135M about 90 s), so it pays over a run of fixed-size rollou
 the training loop (bench/README.md): the fixture's 128 × 32 rollout 0.47-0.55 s against about
 0.64-0.72 s for the eager loop; SmolLM2 (32 rows) gains little, so it is off by default.
 
+Under bf16 on a CPU the step's attention is `models.forward.decode_attention` (float32 tensor ops
+the compiler fuses) instead of PyTorch's SDPA kernel, which is slow for one query row: the
+fixture's rollout 0.40-0.55 s against 0.55-0.65 s (bench/README.md).
+
 Numerics: the same model forward, fused by the compiler; greedy tokens equal the eager loop's and
 log-probs agree to float rounding (tests/rollout/test_static.py). The prefill runs eagerly.
 """
@@ -60,6 +64,13 @@ def _decode_step(model, cache_kwarg: str, cache, tokens, attention_mask, positio
     return out.logits[:, -1].float()
 
 
+REALIZE_OPCOUNT = 8
+"""Inductor's `realize_opcount_threshold` for the decode step. A pointwise result whose formula
+has more ops than this is computed once into a buffer instead of being recomputed inside each
+loop that reads it. The CPU default (50) leaves the rotary embedding (a cos and a sin per
+element) inlined in the attention's loop over the cache, recomputed once per cached position;
+at 8 the fixture's attention kernel took about 0.8 ms per layer and step instead of 1.35 ms."""
+
 _compiled_step = None
 
 
@@ -67,5 +78,6 @@ def compiled_step():
     """The torch.compile'd `_decode_step` (static shapes), built on first use."""
     global _compiled_step
     if _compiled_step is None:
-        _compiled_step = torch.compile(_decode_step, dynamic=False)
+        _compiled_step = torch.compile(_decode_step, dynamic=False,
+                                       options={"realize_opcount_threshold": REALIZE_OPCOUNT})
     return _compiled_step

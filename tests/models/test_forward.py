@@ -12,6 +12,7 @@ from grpolab.models.forward import (
     FAST_CPU_ATTENTION,
     batched_logprobs,
     completion_logprobs,
+    decode_attention,
     fused_token_logprobs,
     length_buckets,
     use_fast_cpu_attention,
@@ -155,3 +156,21 @@ def test_compiled_training_module_matches_eager_and_shares_parameters(model_and_
     with torch.no_grad():  # the no-grad π_old / π_ref passes call the same wrapper (a second graph)
         logp, _ = completion_logprobs(compiled, ids, am, 4)
     torch.testing.assert_close(logp, want_logp, rtol=1e-4, atol=1e-5)  # fused kernels: as above
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
+def test_decode_attention_matches_sdpa(kv_heads, mask_kind):
+    """One query row per (row, head) over a cache, grouped-query or not: the values of float32
+    SDPA on the same bf16 inputs, rounded to bf16."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(5, 4, 1, 16, generator=g).bfloat16()
+    k, v = (torch.randn(5, kv_heads, 9, 16, generator=g).bfloat16() for _ in range(2))
+    keep = torch.rand(5, 1, 1, 9, generator=g) > 0.4
+    keep[..., -1] = True  # the new token always sees itself
+    mask = {"bool": keep, "additive": torch.zeros(keep.shape).masked_fill(~keep, float("-inf")), "none": None}[mask_kind]
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=mask, scale=0.3, enable_gqa=kv_heads != 4)
+    out, weights = decode_attention(q, k, v, mask, scaling=0.3)
+    assert weights is None and out.dtype == torch.bfloat16 and out.shape == (5, 1, 4, 16)
+    torch.testing.assert_close(out, ref.transpose(1, 2).bfloat16())

@@ -16,7 +16,7 @@ the training loop (bench/README.md): the fixture's 128 × 32 rollout 0.47-0.55 s
 
 Under bf16 on a CPU the step's attention is `models.forward.decode_attention` (float32 tensor ops
 the compiler fuses) instead of PyTorch's SDPA kernel, which is slow for one query row: the
-fixture's rollout 0.40-0.55 s against 0.55-0.65 s (bench/README.md).
+fixture's rollout 0.40-0.56 s against 0.52-0.77 s (bench/README.md).
 
 Numerics: the same model forward, fused by the compiler; greedy tokens equal the eager loop's and
 log-probs agree to float rounding (tests/rollout/test_static.py). The prefill runs eagerly.

@@ -83,14 +83,8 @@ def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[]
     torch.manual_seed(w.seed)
     s = build_setup(cfg, policy=policy, tokenizer=tok, prompts=ListStream(items, seed=w.seed))
     if between_steps is not None:
-        after_step = s.after_step
-
-        def after_step_then(*args):
-            after_step(*args)
-            between_steps()
-
-        s.after_step = after_step_then
         between_steps()
+        s.hooks.append(lambda *_: between_steps())  # the loop's own per-step hooks, after the step's timers
     rows = grpo.train(s)
     out = []
     for r in rows:

@@ -55,6 +55,8 @@ class Workload:
     temperature: float = 1.0
     grpolab_compile: bool = False
     """grpolab side only: model.compile (torch.compile of the training and no-grad log-prob forwards)."""
+    grpolab_compile_scope: str = "blocks"
+    """grpolab side only, with grpolab_compile: model.compile_scope ('blocks' or 'model')."""
     grpolab_compile_decode: bool = False
     """grpolab side only: rollout.compile (static KV cache, torch.compile'd decode step)."""
     grpolab_cpp_wrapper: bool = False
@@ -62,7 +64,7 @@ class Workload:
     grpolab_bf16_weights: bool = False
     """grpolab side only, bfloat16: rollout.bf16_weights (sample from a per-rollout bf16 weight copy)."""
     grpolab_padding_free: bool = False
-    """grpolab side only: model.padding_free (log-prob forwards pack the real tokens; eager only)."""
+    """grpolab side only: model.padding_free (log-prob forwards pack the real tokens)."""
     grpolab_keep_freed_memory: bool = False
     """grpolab side only: train.keep_freed_memory (no heap trims between phases; more peak RSS)."""
     trl_compile: bool = False

@@ -106,7 +106,8 @@ def run(args) -> None:
 
     w = Workload(model=args.model, prompts_per_step=args.prompts, microbatch_size=args.microbatch,
                  dtype=args.dtype, max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta,
-                 lr=args.lr, grpolab_compile=args.compile, grpolab_padding_free=args.padding_free,
+                 lr=args.lr, grpolab_compile=args.compile, grpolab_compile_scope=args.compile_scope,
+                 grpolab_padding_free=args.padding_free,
                  grpolab_keep_freed_memory=args.keep_freed_memory)
     path = model_dir(w.model)
     tok = load_tokenizer(path)
@@ -120,7 +121,7 @@ def run(args) -> None:
     timed = res["steps"][res["warmup"]:]
     brackets = [(local[i] + local[i + 1]) / 2 for i in range(res["warmup"], len(res["steps"]))]
     peak = peaks[w.dtype]
-    flags = {"compiled": w.grpolab_compile, "padding-free": w.grpolab_padding_free,
+    flags = {f"compiled ({w.grpolab_compile_scope})": w.grpolab_compile, "padding-free": w.grpolab_padding_free,
              "keep-freed-memory": w.grpolab_keep_freed_memory}
     mode = "".join(f" {name}" for name, on in flags.items() if on)
     print(f"{w.model} {w.dtype}{mode}: P={w.prompts_per_step} G={w.group_size} mean prompt {prompt_len:.1f} tokens")
@@ -158,8 +159,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="timings of the peak measured before and after each step ('of local')")
     p.add_argument("--compile", action="store_true",
                    help="model.compile=true (torch.compile of the training forward; use --warmup >= 1)")
+    p.add_argument("--compile-scope", choices=("blocks", "model"), default="blocks",
+                   help="with --compile: model.compile_scope (transformer blocks, or the whole model as one graph)")
     p.add_argument("--padding-free", action="store_true",
-                   help="model.padding_free=true (the log-prob forwards compute no padding; not with --compile)")
+                   help="model.padding_free=true (the log-prob forwards compute no padding)")
     p.add_argument("--keep-freed-memory", action="store_true",
                    help="train.keep_freed_memory=true (no heap trims between phases)")
     return p.parse_args(argv)

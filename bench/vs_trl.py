@@ -75,6 +75,7 @@ def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[]
         "run.tensorboard=false", "run.peak_tflops=1", "data.max_prompt_tokens=64",
         f"model.compile={str(w.grpolab_compile).lower()}", f"rollout.compile={str(w.grpolab_compile_decode).lower()}",
         f"model.compile_cpp_wrapper={str(w.grpolab_compile and w.grpolab_cpp_wrapper).lower()}",
+        f"model.compile_scope={w.grpolab_compile_scope}",
         f"rollout.bf16_weights={str(w.grpolab_bf16_weights and w.dtype == 'bfloat16').lower()}",
         f"model.padding_free={str(w.grpolab_padding_free).lower()}",
         f"train.keep_freed_memory={str(w.grpolab_keep_freed_memory).lower()}",
@@ -259,6 +260,7 @@ def workload(args, dtype: str, seed: int) -> Workload:
                     max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta, lr=args.lr,
                     microbatch_size=args.microbatch, seed=seed, dtype=dtype,
                     grpolab_compile=args.grpolab_compile, trl_compile=args.trl_compile,
+                    grpolab_compile_scope=args.grpolab_compile_scope,
                     grpolab_compile_decode=args.grpolab_compile_decode,
                     grpolab_bf16_weights=args.grpolab_bf16_weights, grpolab_cpp_wrapper=args.grpolab_cpp_wrapper,
                     grpolab_padding_free=args.grpolab_padding_free,
@@ -319,6 +321,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grpolab-compile", action="store_true",
                    help="grpolab side: model.compile=true (use --warmup >= 1: the first step compiles)")
+    p.add_argument("--grpolab-compile-scope", choices=("blocks", "model"), default="blocks",
+                   help="grpolab side, with --grpolab-compile: model.compile_scope (the fixture's fastest: model)")
     p.add_argument("--grpolab-compile-decode", action="store_true",
                    help="grpolab side: rollout.compile=true (compiled decode step; --warmup >= 1)")
     p.add_argument("--grpolab-cpp-wrapper", action="store_true",
@@ -326,7 +330,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grpolab-bf16-weights", action="store_true",
                    help="grpolab side, bfloat16 runs: rollout.bf16_weights=true (bf16 weight copy for sampling)")
     p.add_argument("--grpolab-padding-free", action="store_true",
-                   help="grpolab side: model.padding_free=true (forwards only real tokens; not with --grpolab-compile)")
+                   help="grpolab side: model.padding_free=true (forwards only real tokens)")
     p.add_argument("--grpolab-keep-freed-memory", action="store_true",
                    help="grpolab side: train.keep_freed_memory=true (no heap trims between phases)")
     p.add_argument("--trl-compile", action="store_true",

@@ -34,10 +34,16 @@ class ModelConfig:
     """LoRA scaling alpha."""
     compile: bool = False
     """torch.compile the log-prob forwards: the policy's training forward (Phase B) and the no-grad
-    π_old / π_ref passes of Phase A (a LoRA reference stays eager); dynamic shapes, so widths that
-    change from step to step do not recompile. The first step pays the compilation (about a
+    π_old / π_ref passes of Phase A (a LoRA reference stays eager), per model.compile_scope; dynamic
+    shapes, so widths that change from step to step do not recompile. The first step pays the compilation (about a
     minute on a CPU). bench/vs_trl.py's tiny fixture, bf16, 3 A/B runs: learning 1.34 -> 0.91 s
     per step (1.47x), whole step 1.25x, peak RSS +20 MB; its reference pass 0.21-0.24 -> 0.15-0.16 s."""
+    compile_scope: str = "blocks"
+    """With model.compile: 'blocks' compiles each transformer block (decoder layer) and runs the rest
+    eagerly; all blocks share one graph, so compilation time does not grow with depth (SmolLM2-135M's
+    30 layers: about 25 s, against about 5 minutes as one graph). 'model' compiles the whole model
+    as one graph (the bench's 4-layer fixture: learning phase within noise of 'blocks'). A model
+    whose blocks are not found (no `_no_split_modules`) is compiled whole."""
     compile_cpp_wrapper: bool = False
     """With model.compile: inductor's C++ wrapper calls the compiled kernels without Python in between.
     Pays on small models whose graphs are many short kernels (bench fixture, bf16: learning phase
@@ -49,7 +55,8 @@ class ModelConfig:
     attention runs per original row (one SDPA call each). Same log-probs up to the compute dtype's
     rounding. Pays when rows differ in length, on models with enough work per token (SmolLM2-135M,
     bf16, 32 rows of 69 % real tokens: forward+backward 4.1-4.3 vs 5.5-6.3 s). Needs SDPA
-    attention (no sliding window); not with model.compile (the per-row loop has a variable length)."""
+    attention (no sliding window). With model.compile the per-row attention runs eagerly between the
+    compiled pieces of each layer, so batches with other row lengths reuse the compiled graphs."""
 
 
 @dataclass(frozen=True)

@@ -251,11 +251,9 @@ def validate_config(cfg) -> None:
     if r.engine == "vllm":  # named in the design, not built yet: say so rather than fall back to hf
         raise _err("rollout.engine='vllm': the vLLM engine is not available in this version; use 'hf' "
                    "(rollout.compile=true speeds up the decode of small models)")
+    _choice(cfg.model.compile_scope, ("blocks", "model"), "model.compile_scope")
     if cfg.model.compile_cpp_wrapper and not cfg.model.compile:
         raise _err("model.compile_cpp_wrapper=true applies to compiled forwards; set model.compile=true too")
-    if cfg.model.padding_free and cfg.model.compile:
-        raise _err("model.padding_free=true runs a per-row attention loop that model.compile would recompile "
-                   "for every batch; set one of them to false")
     if r.bf16_weights and cfg.model.dtype == "float32":
         raise _err("rollout.bf16_weights=true samples in bfloat16 but model.dtype='float32'; "
                    "set model.dtype=bfloat16 (or auto), or leave rollout.bf16_weights=false")

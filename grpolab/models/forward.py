@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from grpolab.algo.logprobs import entropy, token_logprobs
+from grpolab.models.row_attention import per_row_attention
 from grpolab.rollout.types import position_ids
 
 
@@ -21,9 +22,13 @@ def autocast(dtype: torch.dtype | None, device: str = "cpu"):
 FAST_CPU_ATTENTION = "grpolab_sdpa"
 
 # The row lengths of the padding-free forward in progress (`packed_rows`); None = an ordinary padded batch.
-# A module global, not a ContextVar: torch.compile cannot trace ContextVar.get, which broke every compiled
+# Module globals, not a ContextVar: torch.compile cannot trace ContextVar.get, which broke every compiled
 # forward (training and decode) into pieces; a global is a guard. Forwards run on one thread.
+# Traced code reads `_PACKED` (a boolean guard) and `_PACKED_LENGTHS` (the lengths as a tensor, a graph
+# input), never the tuple, so a new set of row lengths reuses the compiled graphs.
+_PACKED = False
 _PACKED_ROWS: tuple[int, ...] | None = None
+_PACKED_LENGTHS: torch.Tensor | None = None
 
 
 def _upcast_for_grad(query: torch.Tensor) -> bool:
@@ -48,8 +53,8 @@ def sdpa_fp32_grad_attention(module, query, key, value, attention_mask, **kwargs
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if _PACKED_ROWS is not None:
-        return packed_attention(module, query, key, value, _PACKED_ROWS, **kwargs)
+    if _PACKED:
+        return packed_attention(module, query, key, value, **kwargs)
     if _is_compiled_decode(query, key, attention_mask, kwargs):
         return decode_attention(query, key, value, attention_mask, kwargs.get("scaling"))
     if not _upcast_for_grad(query):
@@ -93,28 +98,46 @@ def _is_compiled_decode(query, key, attention_mask, kwargs) -> bool:
             and (attention_mask is None or tuple(attention_mask.shape[1:]) == (1, 1, key.shape[2])))
 
 
-def packed_attention(module, query, key, value, rows: tuple[int, ...], *, scaling=None, dropout=0.0, **kwargs):
-    """Causal attention within each row of a padding-free batch: one SDPA call per row.
+def packed_attention(module, query, key, value, *, scaling=None, dropout=0.0, **kwargs):
+    """Causal attention within each row of a padding-free batch (`packed_rows`): one SDPA call per row.
 
-    query: [1, H, R, D]; key, value: [1, Hkv, R, D] (H a multiple of Hkv); rows: lengths summing
-    to R. No attention crosses a row boundary and no padding is computed. Differentiated in bf16
-    on a CPU, it runs in float32 like `sdpa_fp32_grad_attention`. Returns ([1, R, H, D], None).
+    query: [1, H, R, D]; key, value: [1, Hkv, R, D] (H a multiple of Hkv); the rows' lengths sum to
+    R. No attention crosses a row boundary and no padding is computed. Differentiated in bf16 on a
+    CPU, it runs in float32 like `sdpa_fp32_grad_attention`. Returns ([1, R, H, D], None).
     Sliding-window and soft-capped attention are not supported (ValueError).
     """
     if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
         raise ValueError("model.padding_free: this model's attention uses a sliding window or a soft cap, "
                          "which the padding-free forward does not implement; set model.padding_free=false")
     upcast = _upcast_for_grad(query)
-    p = dropout if module.training else 0.0
-    with torch.autocast("cpu", enabled=False) if upcast else contextlib.nullcontext():
+    device = query.device.type
+    with torch.autocast(device, enabled=False) if upcast else contextlib.nullcontext():
         if upcast:
             query, key, value = query.float(), key.float(), value.float()
-        # split (not slicing): its backward is one cat, not a zero-filled full-size gradient per row
-        parts = [F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=scaling,
-                                                enable_gqa=q.shape[1] != k.shape[1])
-                 for q, k, v in zip(query.split(rows, 2), key.split(rows, 2), value.split(rows, 2))]
-        out = torch.cat(parts, 2).transpose(1, 2).contiguous()
+        elif torch.is_autocast_enabled(device):  # SDPA's autocast rule, which a custom op does not get
+            dtype = torch.get_autocast_dtype(device)
+            query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+        p = dropout if module.training else 0.0
+        if device == "cpu" and p == 0.0:
+            out = per_row_attention(query, key, value, _PACKED_LENGTHS, scaling)[0]
+        else:
+            out = _per_row_sdpa(query, key, value, scaling, p)
     return (out.to(torch.bfloat16) if upcast else out), None
+
+
+@torch.compiler.disable
+def _per_row_sdpa(query, key, value, scaling, dropout_p):
+    """The per-row SDPA calls of `packed_attention` over the current `_PACKED_ROWS` ([1, R, H, D] out),
+    where `row_attention.per_row_attention` does not apply (dropout, devices other than the CPU).
+
+    Run eagerly under torch.compile (model.compile): a traced loop over the rows would recompile for
+    each new set of rows; here the compiled graph breaks around each layer's attention instead."""
+    rows = _PACKED_ROWS
+    # split (not slicing): its backward is one cat, not a zero-filled full-size gradient per row
+    parts = [F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scaling,
+                                            enable_gqa=q.shape[1] != k.shape[1])
+             for q, k, v in zip(query.split(rows, 2), key.split(rows, 2), value.split(rows, 2))]
+    return torch.cat(parts, 2).transpose(1, 2).contiguous()
 
 
 def _attention_mask_for(*args, **kwargs):
@@ -122,7 +145,7 @@ def _attention_mask_for(*args, **kwargs):
     `packed_rows` (`packed_attention` needs none; this skips building an [R, R] block mask)."""
     from transformers.masking_utils import sdpa_mask
 
-    return None if _PACKED_ROWS is not None else sdpa_mask(*args, **kwargs)
+    return None if _PACKED else sdpa_mask(*args, **kwargs)
 
 
 def _switch_attention(model: torch.nn.Module) -> bool:
@@ -156,24 +179,64 @@ def use_fast_cpu_attention(model: torch.nn.Module, compute_dtype: torch.dtype | 
 def packed_rows(rows: tuple[int, ...]):
     """Within this block, forwards of models on `FAST_CPU_ATTENTION` treat their single input row as
     `rows` back-to-back sequences (lengths, summing to the row's width)."""
-    global _PACKED_ROWS
-    previous, _PACKED_ROWS = _PACKED_ROWS, tuple(rows)
+    global _PACKED, _PACKED_ROWS, _PACKED_LENGTHS
+    previous = _PACKED, _PACKED_ROWS, _PACKED_LENGTHS
+    _PACKED, _PACKED_ROWS, _PACKED_LENGTHS = True, tuple(rows), torch.tensor(rows, dtype=torch.int64)
     try:
         yield
     finally:
-        _PACKED_ROWS = previous
+        _PACKED, _PACKED_ROWS, _PACKED_LENGTHS = previous
 
 
-def training_module(model: torch.nn.Module, compile: bool, cpp_wrapper: bool = False) -> torch.nn.Module:
-    """The module the log-prob forwards call: `model` itself, or `torch.compile(model, dynamic=True)`,
-    which shares its parameters (the optimizer, checkpoints and generation keep using `model`).
-    Used for Phase B's training forward and Phase A's no-grad π_old / π_ref passes (one more graph
-    each: grad mode is part of a compiled graph). Dynamic shapes: the batch width changes from step
-    to step. cpp_wrapper: inductor calls the generated kernels from C++ instead of a Python wrapper
-    (model.compile_cpp_wrapper; see its docstring for what it costs and gains)."""
+def training_module(model: torch.nn.Module, compile: bool, cpp_wrapper: bool = False, scope: str = "blocks"):
+    """What the log-prob forwards call: `model` itself, or with `compile` `model` with torch.compile'd
+    transformer blocks (scope 'blocks': `CompiledBlocks`) or `torch.compile(model)` (scope 'model'),
+    sharing its parameters (the optimizer, checkpoints and generation keep using `model`). Used for Phase B's training forward and Phase A's no-grad π_old / π_ref passes
+    (one more graph each: grad mode is part of a compiled graph). Dynamic shapes: the batch width
+    changes from step to step. cpp_wrapper: inductor calls the generated kernels from C++ instead of
+    a Python wrapper (model.compile_cpp_wrapper; see its docstring for what it costs and gains).
+    A model without recognizable blocks is compiled whole."""
     if not compile:
         return model
-    return torch.compile(model, dynamic=True, options={"cpp_wrapper": True} if cpp_wrapper else None)
+    options = {"cpp_wrapper": True} if cpp_wrapper else None
+    blocks = transformer_blocks(model) if scope == "blocks" else []
+    if not blocks:
+        return torch.compile(model, dynamic=True, options=options)
+    return CompiledBlocks(model, blocks, options)
+
+
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a transformers model (the decoder layers): the modules whose class its
+    `_no_split_modules` names. Empty for other models."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+class CompiledBlocks:
+    """Calls `model` with each of `blocks` run through torch.compile (regional compilation).
+
+    All blocks share one compiled graph per grad mode (their code is the same and their parameters
+    are graph inputs): SmolLM2-135M's 30 decoder layers compile in about 25 s, where the whole model
+    as one graph took about 5 minutes. Only calls through this object run compiled: generation and
+    checkpoints use `model` as it is. Attributes (config, ...) are `model`'s.
+    """
+
+    def __init__(self, model: torch.nn.Module, blocks: list[torch.nn.Module], options: dict | None = None):
+        self._model, self._blocks = model, blocks
+        # nn.Module.compile's mechanism, set only for the duration of a call (see __call__)
+        self._compiled = [torch.compile(b._call_impl, dynamic=True, options=options) for b in blocks]
+
+    def __call__(self, *args, **kwargs):
+        for block, compiled in zip(self._blocks, self._compiled):
+            block._compiled_call_impl = compiled
+        try:
+            return self._model(*args, **kwargs)
+        finally:
+            for block in self._blocks:
+                block._compiled_call_impl = None
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
 
 
 def completion_logprobs(

@@ -75,7 +75,8 @@ def reference_factory(cfg: Config, policy) -> Callable | None:
 
         return lambda: reference_context(policy)
     ref = frozen_copy(policy)
-    forward = training_module(ref, cfg.model.compile, cfg.model.compile_cpp_wrapper)
+    forward = training_module(ref, cfg.model.compile, cfg.model.compile_cpp_wrapper,
+                              cfg.model.compile_scope)
 
     @contextlib.contextmanager
     def ctx():
@@ -278,5 +279,6 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
         on_reward_error=cfg.train.on_reward_error,
         peak_flops=cfg.run.peak_tflops * 1e12,
         n_params=sum(p.numel() for p in policy.parameters()),
-        train_model=training_module(policy, cfg.model.compile, cfg.model.compile_cpp_wrapper),
+        train_model=training_module(policy, cfg.model.compile, cfg.model.compile_cpp_wrapper,
+                              cfg.model.compile_scope),
     )

@@ -136,13 +136,17 @@ def test_fused_token_logprobs_bf16_logits_give_bf16_gradient():
 
 
 @pytest.mark.slow  # torch.compile takes 30-60 s on this CPU
-def test_compiled_training_module_matches_eager_and_shares_parameters(model_and_batch):
-    from grpolab.models.forward import training_module
+@pytest.mark.parametrize("scope", ["blocks", "model"])
+def test_compiled_training_module_matches_eager_and_shares_parameters(model_and_batch, scope):
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    from grpolab.models.forward import CompiledBlocks, training_module
 
     model, ids, am = model_and_batch
     model = copy.deepcopy(model).train()
     assert training_module(model, False) is model
-    compiled = training_module(model, True)
+    compiled = training_module(model, True, scope=scope)
+    assert isinstance(compiled, CompiledBlocks if scope == "blocks" else OptimizedModule)
     assert {id(p) for p in compiled.parameters()} == {id(p) for p in model.parameters()}
     want_logp, want_grad = _logp_and_grad(model, ids, am, None)
     for width in (ids.shape[1], ids.shape[1] - 2):  # a second width reuses the dynamic-shape graph
@@ -156,6 +160,8 @@ def test_compiled_training_module_matches_eager_and_shares_parameters(model_and_
     with torch.no_grad():  # the no-grad π_old / π_ref passes call the same wrapper (a second graph)
         logp, _ = completion_logprobs(compiled, ids, am, 4)
     torch.testing.assert_close(logp, want_logp, rtol=1e-4, atol=1e-5)  # fused kernels: as above
+    # calls of the model itself (generation) stay eager
+    assert all(layer._compiled_call_impl is None for layer in model.model.layers)
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2])

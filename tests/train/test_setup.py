@@ -37,20 +37,24 @@ def test_model_compile_compiles_the_reference_and_old_logprob_forwards_not_the_c
 
     from grpolab import config as C
     from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
-    from grpolab.models.forward import training_module
+    from grpolab.models.forward import CompiledBlocks, training_module
     from grpolab.train.setup import reference_factory
 
     tok = build_char_tokenizer()
     policy = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, seed=0)
-    for compile_ in (False, True):
-        cfg = C.from_preset("grpo", [f"model.compile={str(compile_).lower()}", "loss.kl_coef=0.04"])
+    wrappers = {"false": torch.nn.Module, "true": CompiledBlocks, "true model": OptimizedModule}
+    for setting, wrapper in wrappers.items():
+        compile_, *scope = setting.split()
+        cfg = C.from_preset("grpo", [f"model.compile={compile_}", "loss.kl_coef=0.04",
+                                     f"model.compile_scope={scope[0] if scope else 'blocks'}"])
         factory = reference_factory(cfg, policy)
         with factory() as ref:
-            assert isinstance(ref, OptimizedModule) == compile_  # wrapping is lazy: nothing compiles here
+            assert isinstance(ref, wrapper)  # wrapping is lazy: nothing compiles here
+            assert (ref is factory.model) == (compile_ == "false")
             assert {id(p) for p in ref.parameters()} == {id(p) for p in factory.model.parameters()}
-        assert not isinstance(factory.model, OptimizedModule)  # checkpoints save the plain copy
+        assert not isinstance(factory.model, (OptimizedModule, CompiledBlocks))  # checkpoints save the plain copy
         assert not any(p.requires_grad for p in factory.model.parameters())
-        assert isinstance(training_module(policy, compile_), OptimizedModule) == compile_
+        assert isinstance(training_module(policy, compile_ == "true", scope=(scope or ["blocks"])[0]), wrapper)
 
 
 def test_train_keep_freed_memory_switches_the_heap_policy_at_setup(monkeypatch):

@@ -189,13 +189,14 @@ def packed_rows(rows: tuple[int, ...]):
 
 
 def training_module(model: torch.nn.Module, compile: bool, cpp_wrapper: bool = False, scope: str = "blocks"):
-    """What the log-prob forwards call: `model` itself, or with `compile` `model` with torch.compile'd
-    transformer blocks (scope 'blocks': `CompiledBlocks`) or `torch.compile(model)` (scope 'model'),
-    sharing its parameters (the optimizer, checkpoints and generation keep using `model`). Used for Phase B's training forward and Phase A's no-grad π_old / π_ref passes
-    (one more graph each: grad mode is part of a compiled graph). Dynamic shapes: the batch width
-    changes from step to step. cpp_wrapper: inductor calls the generated kernels from C++ instead of
-    a Python wrapper (model.compile_cpp_wrapper; see its docstring for what it costs and gains).
-    A model without recognizable blocks is compiled whole."""
+    """What the log-prob forwards call: `model` itself, or (`compile`) `model` with torch.compile'd
+    transformer blocks (scope 'blocks': `CompiledBlocks`) or `torch.compile(model)` (scope 'model';
+    also for a model whose blocks are not found), sharing its parameters (the optimizer,
+    checkpoints and generation keep using `model`). Used for Phase B's training forward and Phase
+    A's no-grad π_old / π_ref passes (one more graph each: grad mode is part of a compiled graph).
+    Dynamic shapes: the batch width changes from step to step. cpp_wrapper: inductor calls the
+    generated kernels from C++ instead of a Python wrapper (model.compile_cpp_wrapper; see its
+    docstring for what it costs and gains)."""
     if not compile:
         return model
     options = {"cpp_wrapper": True} if cpp_wrapper else None
@@ -227,15 +228,18 @@ class CompiledBlocks:
         self._compiled = [torch.compile(b._call_impl, dynamic=True, options=options) for b in blocks]
 
     def __call__(self, *args, **kwargs):
+        previous = [block._compiled_call_impl for block in self._blocks]  # None unless compiled by the user
         for block, compiled in zip(self._blocks, self._compiled):
             block._compiled_call_impl = compiled
         try:
             return self._model(*args, **kwargs)
         finally:
-            for block in self._blocks:
-                block._compiled_call_impl = None
+            for block, impl in zip(self._blocks, previous):
+                block._compiled_call_impl = impl
 
     def __getattr__(self, name):
+        if "_model" not in self.__dict__:  # during copy / unpickling, before __init__
+            raise AttributeError(name)
         return getattr(self._model, name)
 
 

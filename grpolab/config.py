@@ -35,8 +35,8 @@ class ModelConfig:
     compile: bool = False
     """torch.compile the log-prob forwards: the policy's training forward (Phase B) and the no-grad
     π_old / π_ref passes of Phase A (a LoRA reference stays eager), per model.compile_scope; dynamic
-    shapes, so widths that change from step to step do not recompile. The first step pays the compilation (about a
-    minute on a CPU). bench/vs_trl.py's tiny fixture, bf16, 3 A/B runs: learning 1.34 -> 0.91 s
+    shapes, so widths that change from step to step do not recompile. The first step pays the
+    compilation (about a minute on a CPU). bench/vs_trl.py's tiny fixture, bf16, 3 A/B runs: learning 1.34 -> 0.91 s
     per step (1.47x), whole step 1.25x, peak RSS +20 MB; its reference pass 0.21-0.24 -> 0.15-0.16 s."""
     compile_scope: str = "blocks"
     """With model.compile: 'blocks' compiles each transformer block (decoder layer) and runs the rest
@@ -55,8 +55,9 @@ class ModelConfig:
     attention runs per original row (one SDPA call each). Same log-probs up to the compute dtype's
     rounding. Pays when rows differ in length, on models with enough work per token (SmolLM2-135M,
     bf16, 32 rows of 69 % real tokens: forward+backward 4.1-4.3 vs 5.5-6.3 s). Needs SDPA
-    attention (no sliding window). With model.compile the per-row attention runs eagerly between the
-    compiled pieces of each layer, so batches with other row lengths reuse the compiled graphs."""
+    attention (no sliding window). Combines with model.compile: on a CPU the per-row attention is one
+    operator inside the compiled graph (models/row_attention.py), whose row lengths are an input, so
+    batches with other rows reuse the graph."""
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,11 @@ def autocast(dtype: torch.dtype | None, device: str = "cpu"):
 
 FAST_CPU_ATTENTION = "grpolab_sdpa"
 
-# The row lengths of the padding-free forward in progress (`packed_rows`); None = an ordinary padded batch.
-# Module globals, not a ContextVar: torch.compile cannot trace ContextVar.get, which broke every compiled
-# forward (training and decode) into pieces; a global is a guard. Forwards run on one thread.
-# Traced code reads `_PACKED` (a boolean guard) and `_PACKED_LENGTHS` (the lengths as a tensor, a graph
-# input), never the tuple, so a new set of row lengths reuses the compiled graphs.
-_PACKED = False
-_PACKED_ROWS: tuple[int, ...] | None = None
+# The row lengths (int64 [n]) of the padding-free forward in progress (`packed_rows`); None = an ordinary
+# padded batch. A module global, not a ContextVar: torch.compile cannot trace ContextVar.get, which broke
+# every compiled forward (training and decode) into pieces; a global is a guard. A tensor, not a tuple:
+# traced code sees a graph input, not values it would guard on, so new row lengths reuse the compiled
+# graphs. Forwards run on one thread.
 _PACKED_LENGTHS: torch.Tensor | None = None
 
 
@@ -53,7 +51,7 @@ def sdpa_fp32_grad_attention(module, query, key, value, attention_mask, **kwargs
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if _PACKED:
+    if _PACKED_LENGTHS is not None:
         return packed_attention(module, query, key, value, **kwargs)
     if _is_compiled_decode(query, key, attention_mask, kwargs):
         return decode_attention(query, key, value, attention_mask, kwargs.get("scaling"))
@@ -127,12 +125,12 @@ def packed_attention(module, query, key, value, *, scaling=None, dropout=0.0, **
 
 @torch.compiler.disable
 def _per_row_sdpa(query, key, value, scaling, dropout_p):
-    """The per-row SDPA calls of `packed_attention` over the current `_PACKED_ROWS` ([1, R, H, D] out),
+    """The per-row SDPA calls of `packed_attention` over the current `_PACKED_LENGTHS` ([1, R, H, D] out),
     where `row_attention.per_row_attention` does not apply (dropout, devices other than the CPU).
 
     Run eagerly under torch.compile (model.compile): a traced loop over the rows would recompile for
     each new set of rows; here the compiled graph breaks around each layer's attention instead."""
-    rows = _PACKED_ROWS
+    rows = _PACKED_LENGTHS.tolist()
     # split (not slicing): its backward is one cat, not a zero-filled full-size gradient per row
     parts = [F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scaling,
                                             enable_gqa=q.shape[1] != k.shape[1])
@@ -145,7 +143,7 @@ def _attention_mask_for(*args, **kwargs):
     `packed_rows` (`packed_attention` needs none; this skips building an [R, R] block mask)."""
     from transformers.masking_utils import sdpa_mask
 
-    return None if _PACKED else sdpa_mask(*args, **kwargs)
+    return None if _PACKED_LENGTHS is not None else sdpa_mask(*args, **kwargs)
 
 
 def _switch_attention(model: torch.nn.Module) -> bool:
@@ -176,16 +174,16 @@ def use_fast_cpu_attention(model: torch.nn.Module, compute_dtype: torch.dtype | 
 
 
 @contextlib.contextmanager
-def packed_rows(rows: tuple[int, ...]):
+def packed_rows(rows):
     """Within this block, forwards of models on `FAST_CPU_ATTENTION` treat their single input row as
-    `rows` back-to-back sequences (lengths, summing to the row's width)."""
-    global _PACKED, _PACKED_ROWS, _PACKED_LENGTHS
-    previous = _PACKED, _PACKED_ROWS, _PACKED_LENGTHS
-    _PACKED, _PACKED_ROWS, _PACKED_LENGTHS = True, tuple(rows), torch.tensor(rows, dtype=torch.int64)
+    `rows` back-to-back sequences (lengths: a sequence of ints or an int tensor, summing to the
+    row's width)."""
+    global _PACKED_LENGTHS
+    previous, _PACKED_LENGTHS = _PACKED_LENGTHS, torch.as_tensor(rows, dtype=torch.int64)
     try:
         yield
     finally:
-        _PACKED, _PACKED_ROWS, _PACKED_LENGTHS = previous
+        _PACKED_LENGTHS = previous
 
 
 def training_module(model: torch.nn.Module, compile: bool, cpp_wrapper: bool = False, scope: str = "blocks"):
@@ -304,11 +302,10 @@ def packed_completion_logprobs(model, input_ids, attention_mask, prompt_len, tem
         raise ValueError("model.padding_free needs a model with SDPA attention (attn_implementation='sdpa'); "
                          f"this one runs {getattr(getattr(model, 'config', None), '_attn_implementation', None)!r}")
     lengths = real.sum(-1)
-    rows = tuple(int(x) for x in lengths[lengths > 0].tolist())
     packed_index = (real.flatten().cumsum(0) - 1).view(n, width)  # each real token's place in the packed row
     scored = real[:, prompt_len:]  # the completion tokens that get a log-prob
     predictors = packed_index[:, prompt_len:][scored] - 1  # each one is predicted by the token before it
-    with packed_rows(rows), autocast(compute_dtype, str(input_ids.device)):
+    with packed_rows(lengths[lengths > 0].cpu()), autocast(compute_dtype, str(input_ids.device)):
         out = model(input_ids=input_ids[real][None], position_ids=position_ids(attention_mask)[real][None],
                     use_cache=False, logits_to_keep=predictors)
     logp, ent = _logprobs_of(out.logits[0], input_ids[:, prompt_len:][scored], temperature, with_entropy, entropy_grad)

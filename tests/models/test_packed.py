@@ -172,3 +172,20 @@ def test_config_accepts_padding_free_with_compile():
 
     cfg = C.from_preset("grpo", ["model.padding_free=true", "model.compile=true"])
     assert cfg.model.padding_free and cfg.model.compile
+
+
+def test_the_attention_switch_adds_no_graph_break_to_a_compiled_forward(tok):
+    """model.compile traces the registered attention and mask functions: nothing in them (e.g. reading
+    the padding-free state) may split the graph, for the training and the decode forward alike."""
+    from grpolab.models.forward import use_fast_cpu_attention
+
+    m = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    use_fast_cpu_attention(m, torch.bfloat16, "cpu")
+    assert m.config._attn_implementation == FAST_CPU_ATTENTION
+    ids = torch.randint(3, len(tok), (2, 6))
+    am = torch.ones(2, 6, dtype=torch.long)
+    am[0, :2] = 0
+    torch._dynamo.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        report = torch._dynamo.explain(m)(input_ids=ids, attention_mask=am, use_cache=False)
+    assert report.graph_break_count == 0, report.break_reasons

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Workload, load_tokenizer, model_dir, prompt_set, set_threads
+from common import Workload, cpu_description, load_tokenizer, model_dir, prompt_set, set_threads
 
 PHASES = ("generate", "logprob", "learn")  # the phases with model FLOPs (scoring has none)
 
@@ -98,6 +98,7 @@ def run(args) -> None:
 
     set_threads(args.threads)
     peaks = {"float32": gemm_peak(torch.float32, args.gemm), "bfloat16": gemm_peak(torch.bfloat16, args.gemm)}
+    print(f"CPU: {cpu_description()}")
     print(f"GEMM peak ({args.gemm}³, {torch.get_num_threads()} threads): fp32 {peaks['float32'] / 1e9:.0f} GFLOP/s, "
           f"bf16 {peaks['bfloat16'] / 1e9:.0f} GFLOP/s")
     if args.peak_only:

@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     Workload,
+    cpu_description,
     digit_rewards,
     load_tokenizer,
     model_dir,
@@ -241,7 +242,7 @@ def summarize(res: dict) -> dict:
 
 def report(name: str, runs: dict[str, list[dict]]) -> dict:
     meds = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for side, rs in runs.items()}
-    print(f"\n== {name} (median of {len(next(iter(runs.values())))} runs each)")
+    print(f"\n== {name} (median of {len(next(iter(runs.values())))} runs each; {cpu_description()})")
     print(f"{'side':8} {'s/step':>7} {'steps/s':>8} {'gen tok/s':>9} " + " ".join(f"{p:>8}" for p in PHASES)
           + f" {'RSS MB':>7}")
     for side, m in meds.items():

@@ -1,0 +1,27 @@
+"""bench/common.py helpers that the bench reports print."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from common import cpu_description  # noqa: E402
+
+_CPUINFO = """processor\t: 0
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu sse2 avx512f avx512_bf16 amx_bf16 amx_tile
+
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu sse2 avx512f avx512_bf16 amx_bf16 amx_tile
+"""
+
+
+def test_cpu_description_names_the_model_and_its_bf16_matrix_instructions():
+    assert cpu_description(_CPUINFO) == "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz (amx_bf16, avx512_bf16)"
+    no_bf16 = _CPUINFO.replace(" avx512_bf16 amx_bf16", "")
+    assert cpu_description(no_bf16).endswith("(no bf16 matrix instructions)")
+
+
+def test_cpu_description_of_this_machine_is_one_line():
+    text = cpu_description()
+    assert text and "\n" not in text

@@ -77,8 +77,13 @@ def test_old_logp_untouched_ratio_one_first_micro_and_params_change(monkeypatch)
     # 2 steps × 2 epochs × 2 minibatches × 1 microbatch
     assert len(spy.calls) == 8
     first = spy.calls[0]
-    assert first["ratio_min"] == 1.0 and first["ratio_max"] == 1.0  # exactly: π_new == π_old bit for bit
-    assert any(c["ratio_max"] != 1.0 or c["ratio_min"] != 1.0 for c in spy.calls[1:4])  # later minibatches moved
+    # π_new == π_old before the first optimizer step, up to float rounding: Phase A's π_old chunks and
+    # this microbatch group other rows, so their GEMMs have other shapes, and on some CPUs (an AVX512
+    # host without AMX: 0.99999976) a row's fp32 result then differs in the last bits. One step at
+    # lr 1e-3 moves the ratio far more than 1e-5 (the next assertion).
+    assert abs(first["ratio_min"] - 1.0) < 1e-5 and abs(first["ratio_max"] - 1.0) < 1e-5
+    moved = max(max(abs(c["ratio_max"] - 1.0), abs(c["ratio_min"] - 1.0)) for c in spy.calls[1:4])
+    assert moved > 1e-4  # later minibatches moved
     after = s.policy.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
 

@@ -195,8 +195,8 @@ def cpu_description(cpuinfo: str | None = None) -> str:
             import platform
 
             return platform.processor() or "unknown CPU"
-    fields = dict(line.split(":", 1) for line in cpuinfo.splitlines() if ":" in line)  # the last CPU's
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    pairs = (line.split(":", 1) for line in cpuinfo.splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in pairs}  # the last CPU's
     flags = set(fields.get("flags", "").split())
     bf16 = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
     return f"{fields.get('model name', 'unknown CPU')} ({', '.join(bf16) or 'no bf16 matrix instructions'})"

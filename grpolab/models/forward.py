@@ -29,24 +29,31 @@ FAST_CPU_ATTENTION = "grpolab_sdpa"
 _PACKED_LENGTHS: torch.Tensor | None = None
 
 
+def _bf16_on_cpu(query: torch.Tensor) -> bool:
+    """True when this attention computes in bf16 on a CPU (bf16 inputs or bf16 autocast)."""
+    on_cpu = query.device.type == "cpu"
+    return on_cpu and (query.dtype == torch.bfloat16 or (
+        torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16))
+
+
 def _upcast_for_grad(query: torch.Tensor) -> bool:
     """True when this attention is differentiated in bf16 on a CPU (see `sdpa_fp32_grad_attention`)."""
-    on_cpu = query.device.type == "cpu"
-    bf16 = query.dtype == torch.bfloat16 or (
-        on_cpu and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
-    return on_cpu and bf16 and torch.is_grad_enabled() and query.requires_grad
+    return _bf16_on_cpu(query) and torch.is_grad_enabled() and query.requires_grad
 
 
 def sdpa_fp32_grad_attention(module, query, key, value, attention_mask, **kwargs):
-    """transformers' SDPA attention, run in float32 when it is differentiated in bf16 on a CPU.
+    """transformers' SDPA attention, with faster paths for bf16 on a CPU.
 
-    PyTorch's CPU flash-attention backward is 4-5x slower in bf16 than in fp32 (measured on this
-    machine, torch 2.13: [32, 4, 38, 64] fwd+bwd 50-68 ms vs 12-13 ms), so under bf16 autocast the
-    attention of a training forward is upcast; inference (no grad) keeps the faster bf16 kernel.
+    - Sequences of at most `SHORT_ATTENTION_MAX_TOKENS` (queries and keys; not a one-token decode
+      step): `short_attention`, two bf16 matmuls around a float32 softmax, with or without grad.
+      PyTorch's CPU flash kernel is slow on short rows (per (row, head) overhead).
+    - Longer ones, differentiated: SDPA in float32. PyTorch's CPU flash-attention backward is 4-5x
+      slower in bf16 than in fp32 (measured on this machine, torch 2.13: [32, 4, 38, 64] fwd+bwd
+      50-68 ms vs 12-13 ms). Inference keeps the bf16 kernel.
     Inside `packed_rows` the batch is one padding-free row and each original row attends only to
     itself (`packed_attention`); a decode step traced by torch.compile runs `decode_attention`
     (rollout/static.py). query/key/value: [B, H, T, D] (fp32 under autocast: the rotary
-    embedding upcasts them). Returns (output [B, T, H, D], None); bf16 on the upcast path, as
+    embedding upcasts them). Returns (output [B, T, H, D], None); bf16 on the bf16 paths, as
     autocast's SDPA would return.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -55,12 +62,64 @@ def sdpa_fp32_grad_attention(module, query, key, value, attention_mask, **kwargs
         return packed_attention(module, query, key, value, **kwargs)
     if _is_compiled_decode(query, key, attention_mask, kwargs):
         return decode_attention(query, key, value, attention_mask, kwargs.get("scaling"))
+    if _is_short(module, query, key, attention_mask, kwargs):
+        return short_attention(query, key, value, attention_mask, kwargs.get("scaling")), None
     if not _upcast_for_grad(query):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     with torch.autocast("cpu", enabled=False):
         out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(),
                                               attention_mask, **kwargs)
     return out.to(torch.bfloat16), weights
+
+
+SHORT_ATTENTION_MAX_TOKENS = 128
+"""The longest query or key length that `short_attention` serves. Measured on this machine (torch 2.13,
+bench/README.md), [B, 4, L, 64] with B·L ≈ 1216, forward and backward: `short_attention` 2.9 ms against
+6.3 ms for float32 SDPA at L = 38, 6.5 against 9.1 at 128, 15.1 against 11.0 at 256."""
+
+
+def _is_short(module, query, key, attention_mask, kwargs) -> bool:
+    """True where `short_attention` computes what SDPA would: bf16 on a CPU, 1 < queries and keys
+    <= SHORT_ATTENTION_MAX_TOKENS, no dropout, soft cap or position bias, and a boolean 4-D mask or
+    none with equal query and key lengths (then the attention is causal)."""
+    lq, lk = query.shape[2], key.shape[2]
+    if not (1 < lq <= SHORT_ATTENTION_MAX_TOKENS and lk <= SHORT_ATTENTION_MAX_TOKENS and _bf16_on_cpu(query)):
+        return False
+    if kwargs.get("dropout", 0.0) or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
+        return False
+    if attention_mask is None:
+        causal = kwargs.get("is_causal")
+        return lq == lk and (getattr(module, "is_causal", True) if causal is None else causal)
+    return attention_mask.dtype == torch.bool and attention_mask.dim() == 4
+
+
+def short_attention(query, key, value, attention_mask=None, scaling=None):
+    """Attention of short sequences as two bf16 matmuls around a float32 softmax.
+
+    query: [B, H, Lq, D]; key, value: [B, Hkv, Lk, D] (H a multiple of Hkv: query head j reads
+    key/value head j // (H / Hkv)); attention_mask: bool broadcastable to [B, H, Lq, Lk] (True =
+    attend), or None for causal attention (Lq == Lk). scaling: None means D ** -0.5. Returns
+    [B, Lq, H, D] bf16, as transformers' SDPA attention; a query that may attend to nothing gets 0,
+    as from SDPA (not NaN). The scores are rounded to bf16 before
+    the softmax, an error of the size of the bf16 rounding of the query and key themselves
+    (tests/models/test_forward.py compares with float32 SDPA).
+    """
+    b, h, lq, d = query.shape
+    hkv, lk = key.shape[1], key.shape[2]
+    if attention_mask is None:
+        attention_mask = torch.ones(lq, lk, dtype=torch.bool, device=query.device).tril()
+    with torch.autocast(query.device.type, enabled=False):
+        # the query heads that share a key/value head are stacked along the rows: one matmul per group
+        q = query.to(torch.bfloat16).reshape(b, hkv, h // hkv * lq, d)
+        scores = torch.matmul(q, key.to(torch.bfloat16).transpose(-1, -2)).reshape(b, h, lq, lk)
+        scores = (scores.float() * (d**-0.5 if scaling is None else scaling)).masked_fill(
+            ~attention_mask, torch.finfo(torch.float32).min)
+        # a query that may attend to nothing (a padding position) gets 0, as from SDPA; elsewhere the
+        # masked probabilities are exactly 0 already
+        probs = scores.softmax(-1).masked_fill(~attention_mask, 0.0).to(torch.bfloat16)
+        probs = probs.reshape(b, hkv, h // hkv * lq, lk)
+        out = torch.matmul(probs, value.to(torch.bfloat16)).reshape(b, h, lq, d)
+    return out.transpose(1, 2).contiguous()
 
 
 def decode_attention(query, key, value, attention_mask=None, scaling=None):
@@ -167,7 +226,8 @@ def _switch_attention(model: torch.nn.Module) -> bool:
 def use_fast_cpu_attention(model: torch.nn.Module, compute_dtype: torch.dtype | None, device) -> None:
     """Switches a model on SDPA attention to `sdpa_fp32_grad_attention` for bf16 on CPU (idempotent).
 
-    Other models, dtypes and devices are left alone; the switch changes no inference numerics.
+    Other models, dtypes and devices are left alone. Inference numerics change only where
+    `short_attention` replaces bf16 SDPA (short sequences), to bf16 rounding.
     """
     if compute_dtype == torch.bfloat16 and torch.device(device).type == "cpu":
         _switch_attention(model)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from grpolab.algo.logprobs import entropy, token_logprobs
+from grpolab.models import forward
 from grpolab.models.forward import (
     FAST_CPU_ATTENTION,
     batched_logprobs,
@@ -15,6 +16,7 @@ from grpolab.models.forward import (
     decode_attention,
     fused_token_logprobs,
     length_buckets,
+    short_attention,
     use_fast_cpu_attention,
 )
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
@@ -68,15 +70,91 @@ def test_fp32_attention_in_bf16_training_matches_fp32_to_bf16_precision(model_an
     assert fast_err <= plain_err * 1.25, (fast_err, plain_err)
 
 
-def test_inference_logprobs_unchanged_by_the_switch(model_and_batch):
+def test_inference_logprobs_unchanged_by_the_switch_beyond_short_sequences(model_and_batch, monkeypatch):
     base, ids, am = model_and_batch
     plain, fast = copy.deepcopy(base), copy.deepcopy(base)
     fast.set_attn_implementation("sdpa")
     use_fast_cpu_attention(fast, torch.bfloat16, "cpu")
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         a = plain(input_ids=ids, attention_mask=am.long()).logits
-        b = fast(input_ids=ids, attention_mask=am.long()).logits
-    torch.testing.assert_close(a, b, rtol=0, atol=0)  # no grad: the same bf16 SDPA kernel runs
+        short = fast(input_ids=ids, attention_mask=am.long()).logits
+        monkeypatch.setattr(forward, "SHORT_ATTENTION_MAX_TOKENS", ids.shape[1] - 1)  # these rows are now "long"
+        long = fast(input_ids=ids, attention_mask=am.long()).logits
+    torch.testing.assert_close(a, long, rtol=0, atol=0)  # no grad, long rows: the same bf16 SDPA kernel runs
+    assert not torch.equal(a, short)  # short rows: short_attention ran, ...
+    torch.testing.assert_close(short, a, rtol=0.02, atol=0.05)  # ... equal to bf16 precision
+
+
+def test_grad_and_no_grad_forwards_give_the_same_logprobs(model_and_batch):
+    """π_old / π_ref (no grad) and the training forward (grad) run the same attention on short rows."""
+    base, ids, am = model_and_batch
+    model = copy.deepcopy(base)
+    with torch.no_grad():
+        no_grad, _ = completion_logprobs(model, ids, am, 4, compute_dtype=torch.bfloat16)
+    with_grad, _ = completion_logprobs(model, ids, am, 4, compute_dtype=torch.bfloat16)
+    assert with_grad.requires_grad
+    torch.testing.assert_close(with_grad.detach(), no_grad, rtol=0, atol=0)
+
+
+def _short_case(kv_heads, mask_kind, lq=7, lk=7):
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(3, 4, lq, 16, generator=g).bfloat16()
+    k, v = (torch.randn(3, kv_heads, lk, 16, generator=g).bfloat16() for _ in range(2))
+    if mask_kind == "causal":
+        return q, k, v, None, torch.ones(lq, lk, dtype=torch.bool).tril()
+    keep = torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq).expand(3, 1, lq, lk).clone()
+    keep[0, :, :, :2] = False  # row 0: two left-padding keys
+    keep[1, :, :3, :] = False  # row 1: its first three queries see nothing (padding positions)
+    keep[1, :, 3:, :3] = False
+    return q, k, v, keep, keep
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("mask_kind", ["causal", "bool"])
+def test_short_attention_matches_float32_sdpa_and_its_gradient(kv_heads, mask_kind):
+    q, k, v, mask, keep = _short_case(kv_heads, mask_kind, lq=5 if mask_kind == "bool" else 7,
+                                      lk=8 if mask_kind == "bool" else 7)
+    leaves = [x.float().requires_grad_() for x in (q, k, v)]
+    ref = torch.nn.functional.scaled_dot_product_attention(*leaves, attn_mask=keep, scale=0.3,
+                                                           enable_gqa=kv_heads != 4)
+    seen = keep.expand(3, 4, *keep.shape[-2:]).any(-1)  # queries with at least one key
+    grad_out = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2)) * seen[..., None]
+    ref.backward(grad_out)
+    inputs = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out = short_attention(*inputs, mask, scaling=0.3)
+    assert out.dtype == torch.bfloat16 and out.shape == (3, q.shape[2], 4, 16)
+    out.transpose(1, 2).float().backward(grad_out)
+    got = out.transpose(1, 2).float()
+    assert torch.isfinite(got).all()
+    # values: float32 SDPA on the same bf16 inputs, to bf16 rounding of the scores, probabilities and output
+    torch.testing.assert_close(got[seen], ref.detach()[seen], rtol=0.02, atol=0.02)
+    for mine, theirs in zip(inputs, leaves):
+        err = float((mine.grad.float() - theirs.grad).norm() / theirs.grad.norm())
+        assert err < 0.02, err  # bf16 matmuls: relative error of bf16 size (float32 would be ~1e-6)
+    if mask_kind == "bool":  # a query that sees nothing gets 0, as from SDPA
+        assert not seen[1, :, :3].any() and ref.detach()[1, :, :3].abs().max() == 0
+        assert got[1, :, :3].abs().max() == 0
+
+
+def test_short_attention_serves_short_bf16_rows_only(model_and_batch):
+    from types import SimpleNamespace
+
+    module = SimpleNamespace(is_causal=True)
+    q = torch.zeros(2, 4, 9, 8, dtype=torch.bfloat16)
+    k = torch.zeros(2, 4, 9, 8, dtype=torch.bfloat16)
+    keep = torch.ones(2, 1, 9, 9, dtype=torch.bool)
+    assert forward._is_short(module, q, k, None, {})
+    assert forward._is_short(module, q, k, keep, {"dropout": 0.0})
+    assert not forward._is_short(module, q.float(), k.float(), None, {})  # float32 compute
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert forward._is_short(module, q.float(), k.float(), None, {})  # bf16 autocast
+    assert not forward._is_short(module, q, k, keep.float(), {})  # additive masks go to SDPA
+    assert not forward._is_short(module, q, k, keep, {"dropout": 0.1})
+    assert not forward._is_short(module, q[:, :, :1], k, keep[:, :, :1], {})  # a decode step
+    assert not forward._is_short(module, q[:, :, :5], k, None, {})  # causal needs equal lengths
+    assert not forward._is_short(SimpleNamespace(is_causal=False), q, k, None, {})
+    n = forward.SHORT_ATTENTION_MAX_TOKENS + 1
+    assert not forward._is_short(module, q.new_zeros(1, 4, n, 8), k.new_zeros(1, 4, n, 8), None, {})
 
 
 @pytest.fixture(scope="module")

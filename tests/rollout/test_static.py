@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab.models.forward import batched_logprobs
+from grpolab.models import forward
+from grpolab.models.forward import batched_logprobs, short_attention
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.rollout import static
 from grpolab.rollout.hf import HFEngine
@@ -93,10 +94,10 @@ def test_a_fresh_bf16_copy_per_rollout_does_not_recompile_the_step(tiny, monkeyp
     assert not torch.equal(first.sampler_logp, second.sampler_logp)  # the new weights were used
 
 
-def test_bf16_compiled_loop_runs_decode_attention_and_records_the_policy_s_log_probs(tiny):
+def test_bf16_compiled_loop_runs_decode_attention_and_records_the_policy_s_log_probs(tiny, monkeypatch):
     """Under bf16 the compiled decode steps call no SDPA kernel (their attention is
-    `decode_attention`; only the eager prefill runs SDPA, once per layer), and each sampled token's
-    recorded log-prob is still a full bf16 forward's."""
+    `decode_attention`; the eager prefill of these short prompts runs `short_attention`), and each
+    sampled token's recorded log-prob is still a full bf16 forward's."""
     import copy
 
     from torch.profiler import ProfilerActivity, profile
@@ -104,10 +105,13 @@ def test_bf16_compiled_loop_runs_decode_attention_and_records_the_policy_s_log_p
     model, tok = copy.deepcopy(tiny[0]), tiny[1]
     eng = HFEngine(tok, max_new_tokens=12, compute_dtype=torch.bfloat16, compile=True)
     eng.generate(model, PROMPTS, 3, generator=torch.Generator().manual_seed(3))  # compiles
+    short_calls = []
+    monkeypatch.setattr(forward, "short_attention", lambda *a, **k: short_calls.append(1) or short_attention(*a, **k))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         ro = eng.generate(model, PROMPTS, 3, generator=torch.Generator().manual_seed(3))
     sdpa = [e.count for e in prof.key_averages() if "scaled_dot_product" in e.key and "flash" in e.key]
-    assert ro.completion_ids.shape[1] > 2 and sum(sdpa) == model.config.num_hidden_layers
+    assert ro.completion_ids.shape[1] > 2 and sum(sdpa) == 0
+    assert len(short_calls) == model.config.num_hidden_layers  # the prefill, once per layer
     ref = batched_logprobs(model, ro, 1.0, 64, compute_dtype=torch.bfloat16)
     # bf16: the fused compiled step and the eager forward round differently (measured: max 0.002)
     torch.testing.assert_close(ro.sampler_logp[ro.loss_mask], ref[ro.loss_mask], atol=1e-2, rtol=1e-2)

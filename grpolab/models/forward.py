@@ -100,9 +100,9 @@ def short_attention(query, key, value, attention_mask=None, scaling=None):
     key/value head j // (H / Hkv)); attention_mask: bool broadcastable to [B, H, Lq, Lk] (True =
     attend), or None for causal attention (Lq == Lk). scaling: None means D ** -0.5. Returns
     [B, Lq, H, D] bf16, as transformers' SDPA attention; a query that may attend to nothing gets 0,
-    as from SDPA (not NaN). The scores are rounded to bf16 before
-    the softmax, an error of the size of the bf16 rounding of the query and key themselves
-    (tests/models/test_forward.py compares with float32 SDPA).
+    as from SDPA (not NaN). The scores are rounded to bf16 before the softmax, an error of the size
+    of the bf16 rounding of the query and key themselves (tests/models/test_forward.py compares
+    with float32 SDPA).
     """
     b, h, lq, d = query.shape
     hkv, lk = key.shape[1], key.shape[2]

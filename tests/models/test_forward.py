@@ -136,7 +136,7 @@ def test_short_attention_matches_float32_sdpa_and_its_gradient(kv_heads, mask_ki
         assert got[1, :, :3].abs().max() == 0
 
 
-def test_short_attention_serves_short_bf16_rows_only(model_and_batch):
+def test_short_attention_serves_short_bf16_rows_only():
     from types import SimpleNamespace
 
     module = SimpleNamespace(is_causal=True)

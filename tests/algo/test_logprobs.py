@@ -1,6 +1,8 @@
+import pytest
 import torch
 
-from grpolab.algo.logprobs import entropy, sequence_logprob, token_logprobs
+from grpolab.algo import logprobs
+from grpolab.algo.logprobs import entropy, fused_token_logprobs, sequence_logprob, token_logprobs
 
 
 def test_token_logprobs_matches_log_softmax_and_chunks():
@@ -39,3 +41,29 @@ def test_sequence_logprob():
     m = torch.tensor([[True, True, False]])
     torch.testing.assert_close(sequence_logprob(lp, m), torch.tensor([-3.0]))
     torch.testing.assert_close(sequence_logprob(lp, m, mean=True), torch.tensor([-1.5]))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_token_logprobs_matches_the_reference_values_and_gradient(temperature, monkeypatch):
+    monkeypatch.setattr(logprobs, "_FUSED_CHUNK_ELEMENTS", 3 * 50)  # several chunks of 3 rows
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(2, 7, 50, generator=g)
+    labels = torch.randint(0, 50, (2, 7), generator=g)
+    weights = torch.randn(2, 7, generator=g)
+    x, y = base.clone().requires_grad_(True), base.clone().requires_grad_(True)
+    ref = token_logprobs(x, labels, temperature)
+    got, ent = fused_token_logprobs(y, labels, temperature, with_entropy=True)
+    (ref * weights).sum().backward()
+    (got * weights).sum().backward()
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(ent, entropy(base, temperature))
+    torch.testing.assert_close(y.grad, x.grad)
+    torch.testing.assert_close(y.detach(), base)  # the input is not modified in place
+    assert not ent.requires_grad
+
+
+def test_fused_token_logprobs_bf16_logits_give_bf16_gradient():
+    x = torch.randn(4, 33).to(torch.bfloat16).requires_grad_(True)
+    logp, ent = fused_token_logprobs(x, torch.randint(0, 33, (4,)))
+    logp.sum().backward()
+    assert ent is None and logp.dtype == torch.float32 and x.grad.dtype == torch.bfloat16

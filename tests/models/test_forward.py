@@ -7,14 +7,13 @@ import copy
 import pytest
 import torch
 
-from grpolab.algo.logprobs import entropy, token_logprobs
+from grpolab.algo.logprobs import token_logprobs
 from grpolab.models import forward
 from grpolab.models.forward import (
     FAST_CPU_ATTENTION,
     batched_logprobs,
     completion_logprobs,
     decode_attention,
-    fused_token_logprobs,
     length_buckets,
     short_attention,
     use_fast_cpu_attention,
@@ -183,34 +182,6 @@ def test_batched_logprobs_bucketed_equals_one_chunk(model_and_batch, rollout):
     m = rollout.loss_mask
     assert m.sum() > 0
     torch.testing.assert_close(bucketed[m], one[m])
-
-
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_fused_token_logprobs_matches_the_reference_values_and_gradient(temperature, monkeypatch):
-    import grpolab.models.forward as fwd
-
-    monkeypatch.setattr(fwd, "_FUSED_CHUNK_ELEMENTS", 3 * 50)  # several chunks of 3 rows
-    g = torch.Generator().manual_seed(0)
-    base = torch.randn(2, 7, 50, generator=g)
-    labels = torch.randint(0, 50, (2, 7), generator=g)
-    weights = torch.randn(2, 7, generator=g)
-    x, y = base.clone().requires_grad_(True), base.clone().requires_grad_(True)
-    ref = token_logprobs(x, labels, temperature)
-    got, ent = fused_token_logprobs(y, labels, temperature, with_entropy=True)
-    (ref * weights).sum().backward()
-    (got * weights).sum().backward()
-    torch.testing.assert_close(got, ref)
-    torch.testing.assert_close(ent, entropy(base, temperature))
-    torch.testing.assert_close(y.grad, x.grad)
-    torch.testing.assert_close(y.detach(), base)  # the input is not modified in place
-    assert not ent.requires_grad
-
-
-def test_fused_token_logprobs_bf16_logits_give_bf16_gradient():
-    x = torch.randn(4, 33).to(torch.bfloat16).requires_grad_(True)
-    logp, ent = fused_token_logprobs(x, torch.randint(0, 33, (4,)))
-    logp.sum().backward()
-    assert ent is None and logp.dtype == torch.float32 and x.grad.dtype == torch.bfloat16
 
 
 @pytest.mark.slow  # torch.compile takes 30-60 s on this CPU

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from grpolab.algo.logprobs import entropy, fused_token_logprobs, token_logprobs
+from grpolab.models import shared_prompt as prompt_sharing
 from grpolab.models.row_attention import per_row_attention
 from grpolab.rollout.types import position_ids
 
@@ -51,17 +52,27 @@ def sdpa_fp32_grad_attention(module, query, key, value, attention_mask, **kwargs
       slower in bf16 than in fp32 (measured on this machine, torch 2.13: [32, 4, 38, 64] fwd+bwd
       50-68 ms vs 12-13 ms). Inference keeps the bf16 kernel.
     Inside `packed_rows` the batch is one padding-free row and each original row attends only to
-    itself (`packed_attention`); a decode step traced by torch.compile runs `decode_attention`
+    itself (`packed_attention`); inside `shared_prompt.grouped_rows` a row is a group's prompt and
+    completions (`shared_prompt.split_attention`); a decode step traced by torch.compile runs `decode_attention`
     (rollout/static.py). query/key/value: [B, H, T, D] (fp32 under autocast: the rotary
     embedding upcasts them). Returns (output [B, T, H, D], None); bf16 on the bf16 paths, as
     autocast's SDPA would return.
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     if _PACKED_LENGTHS is not None:
         return packed_attention(module, query, key, value, **kwargs)
+    if prompt_sharing.GROUP_MASKS is not None:
+        return prompt_sharing.split_attention(
+            query, key, value, lambda q, k, v, mask: _row_attention(module, q, k, v, mask, kwargs)[0]), None
     if _is_compiled_decode(query, key, attention_mask, kwargs):
         return decode_attention(query, key, value, attention_mask, kwargs.get("scaling"))
+    return _row_attention(module, query, key, value, attention_mask, kwargs)
+
+
+def _row_attention(module, query, key, value, attention_mask, kwargs):
+    """`sdpa_fp32_grad_attention` on ordinary rows: `short_attention`, float32 SDPA for a bf16
+    backward, or transformers' SDPA. Returns (output [B, Lq, H, D], weights or None)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     if _is_short(module, query, key, attention_mask, kwargs):
         return short_attention(query, key, value, attention_mask, kwargs.get("scaling")), None
     if not _upcast_for_grad(query):
@@ -202,7 +213,7 @@ def _attention_mask_for(*args, **kwargs):
     `packed_rows` (`packed_attention` needs none; this skips building an [R, R] block mask)."""
     from transformers.masking_utils import sdpa_mask
 
-    return None if _PACKED_LENGTHS is not None else sdpa_mask(*args, **kwargs)
+    return None if _PACKED_LENGTHS is not None or prompt_sharing.GROUP_MASKS is not None else sdpa_mask(*args, **kwargs)
 
 
 def _switch_attention(model: torch.nn.Module) -> bool:
@@ -311,6 +322,7 @@ def completion_logprobs(
     compute_dtype: torch.dtype | None = None,
     entropy_grad: bool = False,
     padding_free: bool = False,
+    group_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the completion tokens (columns prompt_len..T-1) under `model`.
 
@@ -318,10 +330,15 @@ def completion_logprobs(
     Only the last Lc + 1 positions go through the LM head (`logits_to_keep`). The entropy is
     detached unless `entropy_grad` (an entropy bonus in the loss). padding_free: forward only the
     real tokens, packed into one row (`packed_completion_logprobs`); padded columns then get 0.
+    group_size: rows g·G .. g·G+G-1 share their prompt, which is forwarded once per group
+    (`grouped_completion_logprobs`).
     """
     if padding_free:
         return packed_completion_logprobs(model, input_ids, attention_mask, prompt_len, temperature,
                                           with_entropy, compute_dtype, entropy_grad)
+    if group_size is not None:
+        return grouped_completion_logprobs(model, input_ids, attention_mask, prompt_len, group_size, temperature,
+                                           with_entropy, compute_dtype, entropy_grad)
     lc = input_ids.shape[1] - prompt_len
     use_fast_cpu_attention(model, compute_dtype, input_ids.device)
     with autocast(compute_dtype, str(input_ids.device)):
@@ -372,6 +389,34 @@ def packed_completion_logprobs(model, input_ids, attention_mask, prompt_len, tem
     return _unpack(logp, scored), (_unpack(ent, scored) if ent is not None else None)
 
 
+def grouped_completion_logprobs(model, input_ids, attention_mask, prompt_len, group_size, temperature=1.0,
+                                with_entropy=False, compute_dtype=None, entropy_grad=False):
+    """`completion_logprobs` of rows that come in groups of `group_size` sharing one prompt (rows
+    g·G .. g·G+G-1), each group forwarded as one row of its prompt and its G completions
+    (`shared_prompt.group_layout`): the prompt is computed once per group. Same returns.
+
+    The model must run SDPA attention (it is switched to `FAST_CPU_ATTENTION`); else ValueError.
+    """
+    layout = prompt_sharing.group_layout(input_ids, attention_mask, prompt_len, group_size)
+    if not _switch_attention(model):
+        raise ValueError("model.shared_prompt needs a model with SDPA attention (attn_implementation='sdpa'); "
+                         f"this one runs {getattr(getattr(model, 'config', None), '_attn_implementation', None)!r}")
+    with prompt_sharing.grouped_rows(layout), autocast(compute_dtype, str(input_ids.device)):
+        out = model(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False,
+                    logits_to_keep=layout.predictors)
+    n, width = input_ids.shape
+    u, lc, vocab = n // group_size, width - prompt_len, out.logits.shape[-1]
+    labels = input_ids[:, prompt_len:].view(u, group_size, lc)
+    # every completion's first token is predicted by its prompt's last position, the others by their own rows
+    first = _logprobs_of(out.logits[:, :1].expand(u, group_size, vocab), labels[:, :, 0], temperature,
+                         with_entropy, entropy_grad)
+    rest = _logprobs_of(out.logits[:, 1:].view(u, group_size, lc - 1, vocab), labels[:, :, 1:], temperature,
+                        with_entropy, entropy_grad)
+    logp = torch.cat([first[0][..., None], rest[0]], -1).view(n, lc)
+    ent = torch.cat([first[1][..., None], rest[1]], -1).view(n, lc) if with_entropy else None
+    return logp, ent
+
+
 def _unpack(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
     """[K] values into the True places of `where` [n, Lc] (K of them), 0 elsewhere; differentiable."""
     return values.new_zeros(where.shape).masked_scatter(where, values)
@@ -390,20 +435,25 @@ def _check_packable(real: torch.Tensor, prompt_len: int) -> None:
 
 @torch.no_grad()
 def batched_logprobs(model, rollout, temperature: float, batch_size: int, compute_dtype=None,
-                     padding_free: bool = False) -> torch.Tensor:
+                     padding_free: bool = False, shared_prompt: bool = False) -> torch.Tensor:
     """No-grad log-probs of every completion token of a Rollout, in chunks of `batch_size` rows.
 
     Rows are grouped by length (`length_buckets`) so that each chunk carries little padding.
     Returns [N, Lc] float32 aligned with rollout.loss_mask (0 beyond each chunk's trimmed width).
     padding_free: each chunk forwards only its real tokens (`packed_completion_logprobs`).
+    shared_prompt: chunks are whole groups, each prompt forwarded once per group
+    (`grouped_completion_logprobs`; batch_size a multiple of the group size).
     """
     n, lc = rollout.loss_mask.shape
     out = torch.zeros(n, lc, dtype=torch.float32, device=rollout.loss_mask.device)
+    buckets = prompt_sharing.group_buckets if shared_prompt else length_buckets
+    group_size = rollout.group_size if shared_prompt else None
     with autocast(compute_dtype, str(rollout.input_ids.device)):  # trainable weights cast once, not per chunk
-        for idx in length_buckets(rollout, batch_size):
+        for idx in buckets(rollout, batch_size):
             sub = rollout.select(idx)
             lp, _ = completion_logprobs(model, sub.input_ids, sub.attention_mask, sub.prompt_len, temperature,
-                                        compute_dtype=compute_dtype, padding_free=padding_free)
+                                        compute_dtype=compute_dtype, padding_free=padding_free,
+                                        group_size=group_size)
             out[idx, : lp.shape[1]] = lp.float().to(out.device)
     if out.device.type == "cpu":
         from grpolab.rollout.hf import release_free_memory
@@ -423,4 +473,3 @@ def length_buckets(rollout, batch_size: int) -> list[torch.Tensor]:
     key = rollout.completion_lengths * (rollout.prompt_len + 1) + prompt_real
     order = torch.sort(key, stable=True).indices
     return list(order.split(batch_size))
-

@@ -1,0 +1,212 @@
+"""One forward of each group's prompt in the log-prob passes (model.shared_prompt).
+
+The G rows of a GRPO group share their prompt. The ordinary padded forward computes that prompt
+G times; here each group goes through the model as one row
+
+    [prompt (Lp columns, left-padded) | completion 1 (Lc) | completion 2 (Lc) | ... | completion G (Lc)]
+
+so the model's linear layers see Lp + G·Lc positions per group instead of G·(Lp + Lc). Positions
+restart after the prompt for every completion, and attention (`split_attention`) is computed in the
+ordinary row layout: the prompt attends to itself (causal, real tokens only) and completion g to
+the prompt's real tokens and to itself (causal). Every real token therefore sees what it sees in
+the padded forward; the log-probs agree up to the rounding of differently shaped products
+(tests/models/test_shared_prompt.py).
+
+The layout is built by `group_layout` and announced to the attention of models on grpolab's
+attention (`models.forward.FAST_CPU_ATTENTION`) by `grouped_rows`. Batches of rows are cut in
+whole groups (`group_buckets`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+# The attention masks of the grouped forward in progress (`grouped_rows`): (prompt [U, 1, Lp, Lp],
+# completions [U·G, 1, Lc, Lp + Lc]), bool, True = attend; None outside one. A module global read by
+# `models.forward.sdpa_fp32_grad_attention` (like its `_PACKED_LENGTHS`): torch.compile sees graph
+# inputs whose shapes give U, G, Lp and Lc, so new widths reuse the compiled graphs.
+GROUP_MASKS: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """The grouped forward's inputs for n = U·G rows of width Lp + Lc (`group_layout`)."""
+
+    input_ids: torch.Tensor
+    """[U, Lp + G·Lc] int64: each group's prompt, then its G completions (each Lc wide, padding kept)."""
+    position_ids: torch.Tensor
+    """[U, Lp + G·Lc] int64: the rows' own positions (prompt from 0 at its first real token; each
+    completion continues from the prompt's length)."""
+    prompt_attend: torch.Tensor
+    """[U, 1, Lp, Lp] bool: causal over the prompt's real tokens (a padding query attends to itself
+    only, so no query row is empty)."""
+    completion_attend: torch.Tensor
+    """[U·G, 1, Lc, Lp + Lc] bool: the prompt's real tokens, then causal within the completion."""
+    predictors: torch.Tensor
+    """[1 + G·(Lc - 1)] int64: the columns whose logits score completion tokens: the prompt's last
+    column (every completion's first token), then column Lp + g·Lc + t for token t + 1 of completion g."""
+    group_size: int
+
+
+def group_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, group_size: int) -> GroupLayout:
+    """The grouped layout of rows g·G .. g·G + G - 1 (one group each, in order).
+
+    input_ids, attention_mask: [n, Lp + Lc] with a left-padded prompt in the first `prompt_len`
+    columns and right-padded completions after it, as rollouts are. ValueError when n is not a
+    multiple of group_size, when the rows of a group do not share their prompt (ids and mask), or
+    when a prompt's last column is padding (it predicts every completion's first token).
+    """
+    n, width = input_ids.shape
+    g, lp, lc = group_size, prompt_len, width - prompt_len
+    if g < 1 or n % g:
+        raise ValueError(f"model.shared_prompt: {n} rows are not whole groups of rollout.group_size={g}")
+    if lp < 1 or lc < 1:
+        raise ValueError(f"model.shared_prompt: needs prompt and completion columns (prompt_len={lp}, width={width})")
+    real = attention_mask.bool()
+    u = n // g
+    p_ids, p_real = input_ids[:, :lp].view(u, g, lp), real[:, :lp].view(u, g, lp)
+    same = (p_real == p_real[:, :1]).all() & ((p_ids == p_ids[:, :1]) | ~p_real).all()
+    if not bool(same):
+        raise ValueError(f"model.shared_prompt: rows g·{g} .. g·{g}+{g - 1} must share one prompt (ids and "
+                         "attention_mask); order rows by group and cut batches in whole groups")
+    key_real = p_real[:, 0]  # [U, Lp]
+    if not bool(key_real[:, -1].all()):
+        raise ValueError("model.shared_prompt: a prompt's last column is padding (prompts must be left-padded)")
+    device = input_ids.device
+    ids = torch.cat([p_ids[:, 0], input_ids[:, lp:].reshape(u, g * lc)], 1)
+    prompt_pos = (key_real.long().cumsum(-1) - 1).clamp(min=0)
+    completion_pos = (key_real.sum(-1, keepdim=True) + torch.arange(lc, device=device)).repeat(1, g)
+    eye = torch.eye(lp, dtype=torch.bool, device=device)
+    prompt_attend = (torch.ones(lp, lp, dtype=torch.bool, device=device).tril() & key_real[:, None, :]) | eye
+    causal = torch.ones(lc, lc, dtype=torch.bool, device=device).tril()
+    completion_attend = torch.cat([key_real[:, None, :].expand(u, lc, lp), causal.expand(u, lc, lc)], -1)
+    # contiguous: a view's strides (a single group's mask is one) would be guarded on by torch.compile
+    completion_attend = completion_attend[:, None].expand(u, g, lc, lp + lc).reshape(n, 1, lc, lp + lc).contiguous()
+    starts = lp + torch.arange(g, device=device)[:, None] * lc
+    predictors = torch.cat([torch.tensor([lp - 1], device=device),
+                            (starts + torch.arange(lc - 1, device=device)).flatten()])
+    return GroupLayout(ids, torch.cat([prompt_pos, completion_pos], 1), prompt_attend[:, None],
+                       completion_attend, predictors, g)
+
+
+@contextlib.contextmanager
+def grouped_rows(layout: GroupLayout):
+    """Within this block, forwards of models on grpolab's attention take their rows in `layout`'s form."""
+    global GROUP_MASKS
+    previous, GROUP_MASKS = GROUP_MASKS, (layout.prompt_attend, layout.completion_attend)
+    try:
+        yield
+    finally:
+        GROUP_MASKS = previous
+
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def split_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attend: Attend) -> torch.Tensor:
+    """Attention of grouped rows (inside `grouped_rows`), computed in the ordinary row layout.
+
+    query: [U, H, Lp + G·Lc, D]; key, value: [U, Hkv, Lp + G·Lc, D]. `attend(q, k, v, mask)` is
+    the model's attention on ordinary rows (q [B, H, Lq, D], k/v [B, Hkv, Lk, D], bool mask
+    [B, 1, Lq, Lk]) returning [B, Lq, H, D]. It runs twice: the prompts against themselves, and
+    the U·G completions against [their prompt's keys | their own keys]. Returns [U, Lp + G·Lc, H, D].
+    """
+    prompt_attend, completion_attend = GROUP_MASKS
+    u, h, _, d = query.shape
+    lp = prompt_attend.shape[-1]
+    n, lc = completion_attend.shape[0], completion_attend.shape[2]
+    g = n // u
+    assert query.shape[2] == lp + g * lc, f"grouped rows of {query.shape[2]} columns vs masks for {lp} + {g}·{lc}"
+
+    rows_q = to_rows(query, lp, g, False)  # [U·G, H, Lc, D]
+    rows_k, rows_v = to_rows(key, lp, g, True), to_rows(value, lp, g, True)  # [U·G, Hkv, Lp + Lc, D]
+    out_prompt = attend(query[:, :, :lp], key[:, :, :lp], value[:, :, :lp], prompt_attend)  # [U, Lp, H, D]
+    out_rows = attend(rows_q, rows_k, rows_v, completion_attend)  # [U·G, Lc, H, D]
+    return torch.cat([out_prompt, out_rows.reshape(u, g * lc, h, d)], 1)
+
+
+# The two layout changes of `split_attention` are operators of their own, so that torch.compile keeps
+# them out of its fused kernels: traced as views, their backward (a sum over the G copies of the
+# prompt's keys, a transposition back) fused with the rotary embedding's backward into kernels of
+# index arithmetic on symbolic sizes, 6-7 ms per layer where the fixture's whole padded backward
+# graph takes 13 ms (measured on this machine, torch 2.13, model.compile_scope=model).
+@torch.library.custom_op("grpolab::group_to_rows", mutates_args=())
+def to_rows(x: torch.Tensor, prompt_len: int, group_size: int, with_prompt: bool) -> torch.Tensor:
+    """Grouped columns [U, H, Lp + G·Lc, D] -> rows [U·G, H, Lc, D] (completion g of group u is row
+    u·G + g); with_prompt: each row starts with its group's Lp prompt columns ([U·G, H, Lp + Lc, D])."""
+    u, h, width, d = x.shape
+    lp, g = prompt_len, group_size
+    lc = (width - lp) // g
+    rows = x[:, :, lp:].reshape(u, h, g, lc, d).transpose(1, 2).reshape(u * g, h, lc, d)
+    if not with_prompt:
+        return rows.contiguous()
+    prompt = x[:, None, :, :lp].expand(u, g, h, lp, d).reshape(u * g, h, lp, d)
+    return torch.cat([prompt, rows], 2)
+
+
+@to_rows.register_fake
+def _(x, prompt_len, group_size, with_prompt):
+    u, h, width, d = x.shape
+    lc = (width - prompt_len) // group_size
+    return x.new_empty(u * group_size, h, lc + (prompt_len if with_prompt else 0), d)
+
+
+@torch.library.custom_op("grpolab::group_to_rows_backward", mutates_args=())
+def _to_rows_backward(grad: torch.Tensor, prompt_len: int, group_size: int, with_prompt: bool) -> torch.Tensor:
+    """The gradient of `to_rows` with respect to its grouped input: [U, H, Lp + G·Lc, D]."""
+    n, h, cols, d = grad.shape
+    lp, g = prompt_len, group_size
+    u = n // g
+    lc = cols - (lp if with_prompt else 0)
+    rows = grad[:, :, cols - lc:].reshape(u, g, h, lc, d).transpose(1, 2).reshape(u, h, g * lc, d)
+    if with_prompt:
+        prompt = grad[:, :, :lp].reshape(u, g, h, lp, d).sum(1)
+    else:
+        prompt = grad.new_zeros(u, h, lp, d)
+    return torch.cat([prompt, rows], 2)
+
+
+@_to_rows_backward.register_fake
+def _(grad, prompt_len, group_size, with_prompt):
+    n, h, cols, d = grad.shape
+    lc = cols - (prompt_len if with_prompt else 0)
+    return grad.new_empty(n // group_size, h, prompt_len + group_size * lc, d)
+
+
+def _to_rows_setup(ctx, inputs, output):
+    ctx.layout = inputs[1:]
+
+
+def _to_rows_grad(ctx, grad):
+    return _to_rows_backward(grad, *ctx.layout), None, None, None
+
+
+to_rows.register_autograd(_to_rows_grad, setup_context=_to_rows_setup)
+
+
+def group_buckets(rollout, batch_size: int) -> list[torch.Tensor]:
+    """Row indices in chunks of `batch_size` rows (a multiple of the group size), whole groups only.
+
+    Groups are sorted by (longest completion, prompt length), stable, so a chunk carries little
+    padding, as `models.forward.length_buckets` does for rows; each group's rows stay together and
+    in order. Returns int64 index tensors that together cover 0..N-1 once.
+    """
+    g = rollout.group_size
+    n = rollout.num_sequences
+    if batch_size % g or n % g:
+        raise ValueError(f"model.shared_prompt: batches of {batch_size} rows out of {n} are not whole groups of {g}")
+    longest = rollout.completion_lengths.view(n // g, g).amax(-1)
+    prompt_real = rollout.attention_mask[::g, : rollout.prompt_len].sum(-1)
+    order = torch.sort(longest * (rollout.prompt_len + 1) + prompt_real, stable=True).indices
+    rows = (order[:, None] * g + torch.arange(g, device=order.device)).flatten()
+    return list(rows.split(batch_size))
+
+
+def group_permutation(num_rows: int, group_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """A random order of whole groups: [num_rows] int64, each group's rows together and in order."""
+    groups = torch.randperm(num_rows // group_size, generator=generator)
+    return (groups[:, None] * group_size + torch.arange(group_size)).flatten()

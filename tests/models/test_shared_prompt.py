@@ -1,0 +1,194 @@
+"""The grouped log-prob forward (model.shared_prompt): each group's prompt once, same log-probs and gradients."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from grpolab.models import shared_prompt
+from grpolab.models.forward import FAST_CPU_ATTENTION, batched_logprobs, completion_logprobs
+from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+
+G = 4
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module", params=["qwen2", "gqa-llama"])
+def model(request, tok):
+    if request.param == "qwen2":
+        return build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=0)
+    from transformers import LlamaConfig, LlamaForCausalLM  # grouped-query attention: 4 query over 2 kv heads
+
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).float()
+
+
+@pytest.fixture(scope="module")
+def rollout(tok):
+    """A real rollout: 3 groups of 4, prompts of 3 lengths (left padding), completions of many lengths."""
+    from grpolab.rollout.hf import HFEngine
+
+    sampler = build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=1)
+    ro = HFEngine(tok, max_new_tokens=12).generate(sampler, ["1+1=", "12+34=", "7="], G,
+                                                   generator=torch.Generator().manual_seed(0))
+    lengths = ro.completion_lengths
+    assert lengths.min() < lengths.max() and ro.attention_mask[:, 0].sum() < ro.num_sequences
+    return ro
+
+
+def _logp_grad(model, ro, group_size, dtype=None, weights=None, entropy_grad=False):
+    model.zero_grad(set_to_none=True)
+    logp, ent = completion_logprobs(model, ro.input_ids, ro.attention_mask, ro.prompt_len, 0.9, with_entropy=True,
+                                    compute_dtype=dtype, entropy_grad=entropy_grad, group_size=group_size)
+    w = weights if weights is not None else torch.ones_like(logp)
+    loss = (logp * w * ro.loss_mask).sum() + ((ent * ro.loss_mask).sum() if entropy_grad else 0)
+    loss.backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return logp.detach(), ent.detach(), grads
+
+
+def test_grouped_forward_matches_the_padded_forward_in_fp32(model, rollout):
+    m = copy.deepcopy(model).train()
+    weights = torch.randn(rollout.loss_mask.shape, generator=torch.Generator().manual_seed(2))
+    want_lp, want_ent, want_g = _logp_grad(m, rollout, None, weights=weights)
+    got_lp, got_ent, got_g = _logp_grad(m, rollout, G, weights=weights)
+    real = rollout.attention_mask[:, rollout.prompt_len:].bool()
+    torch.testing.assert_close(got_lp[real], want_lp[real])
+    torch.testing.assert_close(got_ent[real], want_ent[real])
+    # fp32 sums in another order (other GEMM shapes): close, not bit-identical
+    torch.testing.assert_close(got_g, want_g, rtol=1e-4, atol=1e-6)
+    assert m.config._attn_implementation == FAST_CPU_ATTENTION
+
+
+def test_grouped_forward_differentiates_an_entropy_bonus(model, rollout):
+    m = copy.deepcopy(model).train()
+    _, want_ent, want_g = _logp_grad(m, rollout, None, entropy_grad=True)
+    _, got_ent, got_g = _logp_grad(m, rollout, G, entropy_grad=True)
+    real = rollout.attention_mask[:, rollout.prompt_len:].bool()
+    torch.testing.assert_close(got_ent[real], want_ent[real])
+    torch.testing.assert_close(got_g, want_g, rtol=1e-4, atol=1e-6)  # fp32 sums in another order, as above
+
+
+def test_grouped_forward_in_bf16_is_as_close_to_fp32_as_the_padded_one(model, rollout):
+    m = copy.deepcopy(model).train()
+    ref_lp, _, ref_g = _logp_grad(m, rollout, None)
+    mask = rollout.loss_mask
+    errors = {}
+    for group_size in (None, G):
+        lp, _, g = _logp_grad(m, rollout, group_size, dtype=torch.bfloat16)
+        errors[group_size] = (float((lp - ref_lp)[mask].abs().max()), float((g - ref_g).norm() / ref_g.norm()))
+    (pad_lp, pad_g), (grp_lp, grp_g) = errors[None], errors[G]
+    # bf16 rounds in other places in the two layouts: the grouped error is of the padded one's size
+    assert grp_lp <= 2 * pad_lp + 1e-3 and grp_g <= 2 * pad_g + 1e-3, errors
+
+
+def test_batched_logprobs_in_whole_groups_equal_the_padded_passes(model, rollout):
+    m = copy.deepcopy(model).eval()
+    want = batched_logprobs(m, rollout, 1.0, batch_size=5)
+    mask = rollout.loss_mask
+    for batch_size in (G, 2 * G):
+        got = batched_logprobs(m, rollout, 1.0, batch_size=batch_size, shared_prompt=True)
+        torch.testing.assert_close(got[mask], want[mask])
+    with pytest.raises(ValueError, match="whole groups"):
+        batched_logprobs(m, rollout, 1.0, batch_size=G + 1, shared_prompt=True)
+
+
+def test_layout_scores_every_completion_token_from_its_own_row(rollout):
+    """Each completion's first token is predicted by the prompt's last column, every later token by
+    the column before it in its own block of the group row."""
+    lay = shared_prompt.group_layout(rollout.input_ids, rollout.attention_mask, rollout.prompt_len, G)
+    n, width = rollout.input_ids.shape
+    lp, lc = rollout.prompt_len, width - rollout.prompt_len
+    assert lay.input_ids.shape == (n // G, lp + G * lc)
+    torch.testing.assert_close(lay.input_ids[:, :lp], rollout.input_ids[::G, :lp])
+    torch.testing.assert_close(lay.input_ids[:, lp:].reshape(n, lc), rollout.input_ids[:, lp:])
+    assert lay.predictors[0] == lp - 1 and lay.predictors.numel() == 1 + G * (lc - 1)
+    # the column before each predicted token: the same token in the grouped row
+    prev = lay.input_ids[:, lay.predictors[1:]].reshape(n // G, G, lc - 1)
+    torch.testing.assert_close(prev, rollout.input_ids[:, lp:-1].reshape(n // G, G, lc - 1))
+    # completion positions continue from the prompt's real length
+    real = rollout.attention_mask[::G, :lp].sum(-1)
+    torch.testing.assert_close(lay.position_ids[:, lp], real)
+    torch.testing.assert_close(lay.position_ids[:, lp + lc], real)
+
+
+def test_rows_that_are_not_whole_groups_are_rejected(rollout):
+    ids, am, lp = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
+    with pytest.raises(ValueError, match="whole groups"):
+        shared_prompt.group_layout(ids[:-1], am[:-1], lp, G)
+    order = torch.arange(rollout.num_sequences).roll(1)  # every group now starts with another group's row
+    with pytest.raises(ValueError, match="share one prompt"):
+        shared_prompt.group_layout(ids[order], am[order], lp, G)
+
+
+def test_a_model_without_sdpa_attention_is_rejected(tok, rollout):
+    m = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    m.set_attn_implementation("eager")
+    with pytest.raises(ValueError, match="SDPA"):
+        completion_logprobs(m, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, group_size=G)
+
+
+def test_group_buckets_cut_whole_groups_in_length_order(rollout):
+    chunks = shared_prompt.group_buckets(rollout, 2 * G)
+    rows = torch.cat(chunks)
+    assert sorted(rows.tolist()) == list(range(rollout.num_sequences))
+    groups = rows.view(-1, G)
+    assert bool((groups == groups[:, :1] + torch.arange(G)).all()) and bool((groups[:, 0] % G == 0).all())
+    longest = rollout.completion_lengths[rows].view(-1, G).amax(-1)
+    assert bool((longest[1:] >= longest[:-1]).all())
+
+
+def test_group_permutation_keeps_each_group_together():
+    order = shared_prompt.group_permutation(24, 4, torch.Generator().manual_seed(0))
+    assert sorted(order.tolist()) == list(range(24))
+    groups = order.view(-1, 4)
+    assert bool((groups == groups[:, :1] + torch.arange(4)).all())
+    assert groups[:, 0].tolist() != list(range(0, 24, 4))  # shuffled
+
+
+def test_to_rows_operator_and_its_gradient():
+    x = torch.randn(2, 3, 5 + 4 * 7, 8, dtype=torch.float64, requires_grad=True)
+    for with_prompt in (True, False):
+        torch.library.opcheck(torch.ops.grpolab.group_to_rows, (x.float().detach().requires_grad_(), 5, 4, with_prompt))
+        assert torch.autograd.gradcheck(lambda t: shared_prompt.to_rows(t, 5, 4, with_prompt), (x,))
+    rows = shared_prompt.to_rows(x, 5, 4, True)
+    assert rows.shape == (8, 3, 5 + 7, 8)
+    torch.testing.assert_close(rows[6, :, :5], x[1, :, :5])  # group 1's prompt
+    torch.testing.assert_close(rows[6, :, 5:], x[1, :, 5 + 2 * 7 : 5 + 3 * 7])  # its completion 2
+
+
+def test_compiled_grouped_forward_keeps_its_graphs_for_other_widths(model, rollout):
+    """model.compile with model.shared_prompt: batches of other widths and group counts reuse the
+    graphs compiled for the first one; log-probs and gradients are the eager ones. (A batch of one
+    group compiles once more: dynamo specializes sizes of 1, as for a padded batch of one row.)"""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    m = copy.deepcopy(model).train()
+    counter = CompileCounterWithBackend("aot_eager")  # dynamo's guards are inductor's; no C++ build in CI
+    compiled = torch.compile(m, dynamic=True, backend=counter)
+    rows = torch.arange(3 * G).view(3, G)
+    first, second = rollout.select(rows[[0, 2]].flatten()), rollout.select(rows[[1, 2]].flatten())
+    assert first.input_ids.shape[1] != second.input_ids.shape[1]
+    _logp_grad(compiled, first, G)
+    frames = counter.frame_count
+    assert frames > 0
+    for ro in (second, rollout):
+        want_lp, want_ent, want_g = _logp_grad(m, ro, G)
+        got_lp, got_ent, got_g = _logp_grad(compiled, ro, G)
+        assert counter.frame_count == frames, "new widths recompiled the grouped forward"
+        torch.testing.assert_close(got_lp, want_lp)
+        torch.testing.assert_close(got_ent, want_ent)
+        # aot_eager runs decomposed ops (the RMSNorm's, the rotary's): fp32 sums in another order
+        torch.testing.assert_close(got_g, want_g, rtol=1e-4, atol=1e-6)
+    torch._dynamo.reset()
+

@@ -235,6 +235,18 @@ def _choice(value, allowed, field_name):
         raise _err(f"{field_name}={value!r} is not one of {', '.join(map(str, allowed))}.{hint}")
 
 
+def _check_shared_prompt(cfg) -> None:
+    """model.shared_prompt forwards whole groups: every batch of rows must be whole groups."""
+    g, t = cfg.rollout.group_size, cfg.train
+    if cfg.model.padding_free:
+        raise _err("model.shared_prompt=true and model.padding_free=true are two layouts of the log-prob "
+                   "forward; choose one")
+    for name, v in (("train.minibatch_size", t.minibatch_size), ("train.microbatch_size", t.microbatch_size)):
+        if v % g:
+            raise _err(f"{name}={v} is not a multiple of rollout.group_size={g}, which model.shared_prompt=true "
+                       f"needs (it forwards whole groups); set {name} to a multiple of {g}")
+
+
 def validate_config(cfg) -> None:
     from grpolab.algo.advantages import ADVANTAGE_KINDS, STD_MODES
     from grpolab.algo.losses import AGG_MODES, KL_ESTIMATORS
@@ -298,6 +310,8 @@ def validate_config(cfg) -> None:
         raise _err(f"train.minibatch_size={t.minibatch_size} is not a multiple of train.microbatch_size × "
                    f"train.world_size = {t.microbatch_size} × {t.world_size} = {per}; change train.microbatch_size "
                    f"to a divisor of {t.minibatch_size // t.world_size}")
+    if cfg.model.shared_prompt:
+        _check_shared_prompt(cfg)
     if cfg.sft.batch_size % cfg.sft.microbatch_size:
         raise _err(f"sft.batch_size={cfg.sft.batch_size} is not a multiple of sft.microbatch_size={cfg.sft.microbatch_size}")
     if not cfg.rewards and lo.policy_loss != "sft":

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from grpolab.models.forward import batched_logprobs, length_buckets
+from grpolab.models.forward import batched_logprobs
 from grpolab.rollout.hf import decode_completions
 from grpolab.rollout.types import Rollout, scatter_rows
 from grpolab.train.setup import Setup
@@ -41,12 +41,14 @@ def train(s: Setup) -> list[dict]:
             ro = ro.replace(rewards=rewards, advantages=adv, loss_mask=s.train_mask(ro, rewards))
         with torch.no_grad(), st.timer("logprob"):
             if cfg.needs_old_logp_pass:  # else Phase B's first minibatch (all rows, under π_old) records it
-                ro = ro.replace(old_logp=batched_logprobs(s.train_model, ro, cfg.rollout.temperature, cfg.train.microbatch_size,
-                                                          s.compute_dtype, cfg.model.padding_free))
+                ro = ro.replace(old_logp=batched_logprobs(
+                    s.train_model, ro, cfg.rollout.temperature, cfg.train.microbatch_size, s.compute_dtype,
+                    cfg.model.padding_free, cfg.model.shared_prompt))
             if s.reference is not None:
                 with s.reference() as ref:
-                    ro = ro.replace(ref_logp=batched_logprobs(ref, ro, cfg.rollout.temperature, cfg.train.microbatch_size,
-                                                              s.compute_dtype, cfg.model.padding_free))
+                    ro = ro.replace(ref_logp=batched_logprobs(
+                        ref, ro, cfg.rollout.temperature, cfg.train.microbatch_size, s.compute_dtype,
+                        cfg.model.padding_free, cfg.model.shared_prompt))
         # ---------------- Phase B: learning on the frozen rollout.
         with st.timer("learn"):
             learn(s, ro, st)
@@ -61,8 +63,9 @@ def train(s: Setup) -> list[dict]:
 def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
     """epochs × minibatches × microbatches; one optimizer step per minibatch.
 
-    A minibatch is a random draw of rows; its microbatches group rows of similar length
-    (`length_buckets`), so less padding is computed. The gradient is the minibatch's either way.
+    A minibatch is a random draw of rows (of whole groups with model.shared_prompt); its
+    microbatches group rows of similar length (`s.microbatches`), so less padding is computed. The
+    gradient is the minibatch's either way.
 
     Without a Phase-A old_logp (one minibatch per epoch), epoch 0 forwards every row under π_old
     before its only optimizer step (old = new.detach(), ratio ≡ 1); those log-probs are kept as
@@ -71,14 +74,14 @@ def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
     cfg = s.cfg
     n = ro.num_sequences
     for epoch in range(cfg.train.epochs):
-        order = torch.randperm(n, generator=s.shuffle_gen)
+        order = s.row_order(n)
         for mb, mb_idx in enumerate(order.split(cfg.train.minibatch_size)):
             s.progress.phase("learn", f"epoch {epoch + 1}/{cfg.train.epochs} minibatch {mb + 1}/{cfg.minibatches_per_epoch}")
             minibatch = ro.select(mb_idx)
             normalizer = s.objective.normalizer(minibatch.loss_mask)  # fixed before splitting
             s.optimizer.zero_grad(set_to_none=True)
             loss_sum, logps = 0.0, []
-            micros = length_buckets(minibatch, cfg.train.microbatch_size)  # similar lengths: less padding
+            micros = s.microbatches(minibatch, cfg.train.microbatch_size)  # similar lengths: less padding
             for micro_idx in micros:
                 loss, stats = s.objective(s.train_model, minibatch.select(micro_idx), normalizer)
                 loss.backward()

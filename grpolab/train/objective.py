@@ -31,6 +31,8 @@ class Objective:
     temperature: float
     compute_dtype: torch.dtype | None = None
     padding_free: bool = False
+    shared_prompt: bool = False
+    """Microbatches are whole groups whose prompt is forwarded once (model.shared_prompt)."""
 
     def normalizer(self, loss_mask: torch.Tensor) -> torch.Tensor:
         """The minibatch-wide divisor (see algo.losses.agg_normalizer)."""
@@ -46,7 +48,7 @@ class Objective:
         logp, ent = completion_logprobs(
             model, micro.input_ids, micro.attention_mask, micro.prompt_len, self.temperature,
             with_entropy=True, compute_dtype=self.compute_dtype, entropy_grad=self.entropy_coef > 0,
-            padding_free=self.padding_free,
+            padding_free=self.padding_free, group_size=micro.group_size if self.shared_prompt else None,
         )
         old = micro.old_logp if micro.old_logp is not None else logp.detach()
         mask = micro.loss_mask
@@ -78,7 +80,8 @@ class Objective:
         return loss, stats
 
 
-def build_objective(loss_cfg, rollout_cfg, compute_dtype=None, padding_free: bool = False) -> Objective:
+def build_objective(loss_cfg, rollout_cfg, compute_dtype=None, padding_free: bool = False,
+                    shared_prompt: bool = False) -> Objective:
     """Selects the policy loss from the registry once; returns the callable objective."""
     if loss_cfg.policy_loss not in POLICY_LOSSES:
         raise ValueError(f"loss.policy_loss={loss_cfg.policy_loss!r} is not a GRPO-family loss; "
@@ -97,4 +100,5 @@ def build_objective(loss_cfg, rollout_cfg, compute_dtype=None, padding_free: boo
         temperature=rollout_cfg.temperature,
         compute_dtype=compute_dtype,
         padding_free=padding_free,
+        shared_prompt=shared_prompt,
     )

@@ -19,7 +19,8 @@ from grpolab.config import Config, ConfigError
 from grpolab.report.progress import Progress
 from grpolab.rewards.base import build_reward, probe_rewards
 from grpolab.rollout.hf import HFEngine, keep_freed_memory
-from grpolab.models.forward import training_module
+from grpolab.models.forward import length_buckets, training_module
+from grpolab.models.shared_prompt import group_buckets, group_permutation
 from grpolab.models.loading import frozen_copy
 from grpolab.train.objective import Objective, build_objective
 
@@ -173,10 +174,18 @@ class Setup:
     train_model: Any = None
     """What the log-prob forwards call (Phase B, and Phase A's π_old pass): the policy, or its compiled
     wrapper (model.compile); same parameters."""
+    row_order: Callable[[int], torch.Tensor] | None = None
+    """Phase B's shuffle of a step's N rows: a random permutation [N] (whole groups together with
+    model.shared_prompt)."""
+    microbatches: Callable[[Any, int], list[torch.Tensor]] = length_buckets
+    """(minibatch, rows per microbatch) -> row indices per microbatch: rows of similar length
+    (`length_buckets`), or whole groups of similar length (`shared_prompt.group_buckets`)."""
 
     def __post_init__(self) -> None:
         if self.train_model is None:
             self.train_model = self.policy
+        if self.row_order is None:
+            self.row_order = lambda n: torch.randperm(n, generator=self.shuffle_gen)
 
     def train_mask(self, ro, rewards: torch.Tensor) -> torch.Tensor:
         """The loss mask of Phase B: completion tokens, minus truncated completions and zero-std
@@ -265,15 +274,19 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     if cfg.train.keep_freed_memory and device.type == "cpu":
         keep_freed_memory()
     r = cfg.rollout
+    shuffle_gen = torch.Generator().manual_seed(cfg.train.seed + 1)
+    grouped = {}
+    if cfg.model.shared_prompt:  # Phase B forwards whole groups
+        grouped = dict(row_order=lambda n: group_permutation(n, r.group_size, shuffle_gen), microbatches=group_buckets)
     return Setup(
         cfg=cfg, policy=policy, tokenizer=tokenizer,
         engine=HFEngine(tokenizer, r.max_new_tokens, r.temperature, r.top_p, r.top_k, dtype, compile=r.compile,
                         bf16_weights=r.bf16_weights),
-        objective=build_objective(cfg.loss, r, dtype, cfg.model.padding_free),
+        objective=build_objective(cfg.loss, r, dtype, cfg.model.padding_free, cfg.model.shared_prompt),
         advantage_fn=make_advantage_fn(cfg.loss.advantage, cfg.loss.std, cfg.loss.std_eps),
         rewards=rewards, prompts=prompts, optimizer=opt, scheduler=sched,
         sample_gen=torch.Generator(device=device).manual_seed(cfg.train.seed),
-        shuffle_gen=torch.Generator().manual_seed(cfg.train.seed + 1),
+        shuffle_gen=shuffle_gen,
         reference=reference_factory(cfg, policy), compute_dtype=dtype,
         progress=progress if progress is not None else Progress(cfg.train.steps, enabled=False),
         on_reward_error=cfg.train.on_reward_error,
@@ -281,4 +294,5 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
         n_params=sum(p.numel() for p in policy.parameters()),
         train_model=training_module(policy, cfg.model.compile, cfg.model.compile_cpp_wrapper,
                               cfg.model.compile_scope),
+        **grouped,
     )

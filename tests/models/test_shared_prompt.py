@@ -192,3 +192,16 @@ def test_compiled_grouped_forward_keeps_its_graphs_for_other_widths(model, rollo
         torch.testing.assert_close(got_g, want_g, rtol=1e-4, atol=1e-6)
     torch._dynamo.reset()
 
+
+def test_config_needs_whole_groups_and_one_layout():
+    from grpolab import config as C
+
+    base = ["rollout.group_size=4", "model.shared_prompt=true"]
+    cfg = C.from_preset("grpo", base + ["train.minibatch_size=16", "train.microbatch_size=8"])
+    assert cfg.model.shared_prompt
+    with pytest.raises(C.ConfigError, match="train.microbatch_size=2 is not a multiple of rollout.group_size=4"):
+        C.from_preset("grpo", base + ["train.minibatch_size=16", "train.microbatch_size=2"])
+    with pytest.raises(C.ConfigError, match="train.minibatch_size=2 is not a multiple of rollout.group_size=4"):
+        C.from_preset("grpo", base + ["train.minibatch_size=2", "train.microbatch_size=2"])
+    with pytest.raises(C.ConfigError, match="model.padding_free"):
+        C.from_preset("grpo", base + ["train.minibatch_size=16", "train.microbatch_size=8", "model.padding_free=true"])

@@ -122,20 +122,15 @@ def split_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     g = n // u
     assert query.shape[2] == lp + g * lc, f"grouped rows of {query.shape[2]} columns vs masks for {lp} + {g}·{lc}"
 
-    rows_q = to_rows(query, lp, g, False)  # [U·G, H, Lc, D]
-    rows_k, rows_v = to_rows(key, lp, g, True), to_rows(value, lp, g, True)  # [U·G, Hkv, Lp + Lc, D]
+    layout = to_rows if torch.is_grad_enabled() else _rows  # see `to_rows`
+    rows_q = layout(query, lp, g, False)  # [U·G, H, Lc, D]
+    rows_k, rows_v = layout(key, lp, g, True), layout(value, lp, g, True)  # [U·G, Hkv, Lp + Lc, D]
     out_prompt = attend(query[:, :, :lp], key[:, :, :lp], value[:, :, :lp], prompt_attend)  # [U, Lp, H, D]
     out_rows = attend(rows_q, rows_k, rows_v, completion_attend)  # [U·G, Lc, H, D]
     return torch.cat([out_prompt, out_rows.reshape(u, g * lc, h, d)], 1)
 
 
-# The two layout changes of `split_attention` are operators of their own, so that torch.compile keeps
-# them out of its fused kernels: traced as views, their backward (a sum over the G copies of the
-# prompt's keys, a transposition back) fused with the rotary embedding's backward into kernels of
-# index arithmetic on symbolic sizes, 6-7 ms per layer where the fixture's whole padded backward
-# graph takes 13 ms (measured on this machine, torch 2.13, model.compile_scope=model).
-@torch.library.custom_op("grpolab::group_to_rows", mutates_args=())
-def to_rows(x: torch.Tensor, prompt_len: int, group_size: int, with_prompt: bool) -> torch.Tensor:
+def _rows(x: torch.Tensor, prompt_len: int, group_size: int, with_prompt: bool) -> torch.Tensor:
     """Grouped columns [U, H, Lp + G·Lc, D] -> rows [U·G, H, Lc, D] (completion g of group u is row
     u·G + g); with_prompt: each row starts with its group's Lp prompt columns ([U·G, H, Lp + Lc, D])."""
     u, h, width, d = x.shape
@@ -143,9 +138,23 @@ def to_rows(x: torch.Tensor, prompt_len: int, group_size: int, with_prompt: bool
     lc = (width - lp) // g
     rows = x[:, :, lp:].reshape(u, h, g, lc, d).transpose(1, 2).reshape(u * g, h, lc, d)
     if not with_prompt:
-        return rows.contiguous()
+        return rows
     prompt = x[:, None, :, :lp].expand(u, g, h, lp, d).reshape(u * g, h, lp, d)
     return torch.cat([prompt, rows], 2)
+
+
+# With a gradient, the layout change is an operator of its own (`to_rows`), so that torch.compile keeps
+# it out of its fused kernels: traced as views, its backward (a sum over the G copies of the prompt's
+# keys, a transposition back) fused with the rotary embedding's backward into kernels of index
+# arithmetic on symbolic sizes, 6-7 ms per layer where the fixture's whole padded backward graph takes
+# 13 ms (this machine, torch 2.13, model.compile_scope=model; forward + backward of a microbatch 1.33x
+# the padded one's time, with the operator 1.0x). Without a gradient the traced views fuse well (the
+# no-grad forward 0.94x the padded one's time, with the operator 1.07x), so `split_attention` uses them.
+@torch.library.custom_op("grpolab::group_to_rows", mutates_args=())
+def to_rows(x: torch.Tensor, prompt_len: int, group_size: int, with_prompt: bool) -> torch.Tensor:
+    """`_rows` as an operator with its own backward (`_to_rows_backward`); never a view of x."""
+    rows = _rows(x, prompt_len, group_size, with_prompt)
+    return rows.clone() if rows.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() else rows.contiguous()
 
 
 @to_rows.register_fake

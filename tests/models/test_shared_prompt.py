@@ -160,6 +160,9 @@ def test_to_rows_operator_and_its_gradient():
     for with_prompt in (True, False):
         torch.library.opcheck(torch.ops.grpolab.group_to_rows, (x.float().detach().requires_grad_(), 5, 4, with_prompt))
         assert torch.autograd.gradcheck(lambda t: shared_prompt.to_rows(t, 5, 4, with_prompt), (x,))
+    one = torch.randn(1, 1, 5 + 7, 8, requires_grad=True)  # one group of one row, one head: never a view of x
+    for with_prompt in (True, False):
+        torch.library.opcheck(torch.ops.grpolab.group_to_rows, (one, 5, 1, with_prompt))
     rows = shared_prompt.to_rows(x, 5, 4, True)
     assert rows.shape == (8, 3, 5 + 7, 8)
     torch.testing.assert_close(rows[6, :, :5], x[1, :, :5])  # group 1's prompt

@@ -65,6 +65,8 @@ class Workload:
     """grpolab side only, bfloat16: rollout.bf16_weights (sample from a per-rollout bf16 weight copy)."""
     grpolab_padding_free: bool = False
     """grpolab side only: model.padding_free (log-prob forwards pack the real tokens)."""
+    grpolab_shared_prompt: bool = False
+    """grpolab side only: model.shared_prompt (log-prob forwards compute each group's prompt once)."""
     grpolab_keep_freed_memory: bool = False
     """grpolab side only: train.keep_freed_memory (no heap trims between phases; more peak RSS)."""
     trl_compile: bool = False

@@ -79,6 +79,7 @@ def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[]
         f"model.compile_scope={w.grpolab_compile_scope}",
         f"rollout.bf16_weights={str(w.grpolab_bf16_weights and w.dtype == 'bfloat16').lower()}",
         f"model.padding_free={str(w.grpolab_padding_free).lower()}",
+        f"model.shared_prompt={str(w.grpolab_shared_prompt).lower()}",
         f"train.keep_freed_memory={str(w.grpolab_keep_freed_memory).lower()}",
     ])
     cfg = cfg.replace(rewards=[{"name": "bench_digits", "weight": 1.0}])
@@ -265,6 +266,7 @@ def workload(args, dtype: str, seed: int) -> Workload:
                     grpolab_compile_decode=args.grpolab_compile_decode,
                     grpolab_bf16_weights=args.grpolab_bf16_weights, grpolab_cpp_wrapper=args.grpolab_cpp_wrapper,
                     grpolab_padding_free=args.grpolab_padding_free,
+                    grpolab_shared_prompt=args.grpolab_shared_prompt,
                     grpolab_keep_freed_memory=args.grpolab_keep_freed_memory)
 
 
@@ -332,6 +334,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="grpolab side, bfloat16 runs: rollout.bf16_weights=true (bf16 weight copy for sampling)")
     p.add_argument("--grpolab-padding-free", action="store_true",
                    help="grpolab side: model.padding_free=true (forwards only real tokens)")
+    p.add_argument("--grpolab-shared-prompt", action="store_true",
+                   help="grpolab side: model.shared_prompt=true (forwards each group's prompt once)")
     p.add_argument("--grpolab-keep-freed-memory", action="store_true",
                    help="grpolab side: train.keep_freed_memory=true (no heap trims between phases)")
     p.add_argument("--trl-compile", action="store_true",

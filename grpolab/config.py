@@ -62,12 +62,14 @@ class ModelConfig:
     """The log-prob forwards compute each group's prompt once instead of G times: a group goes through
     the model as one row [prompt | completion 1 | ... | completion G], and attention keeps each
     completion to its prompt and itself (models/shared_prompt.py). Same log-probs up to the compute
-    dtype's rounding. Pays with long prompts: the bench fixture, 4 groups of 8 rows, prompt 48 and
-    completion 16 tokens, eager bf16 forward+backward 0.43x the time of the padded rows (no grad
-    0.50x); with the fixture's 6-token prompts it is 0.87x eager and even compiled. Phase B then
-    shuffles whole groups and cuts minibatches and microbatches in whole groups, so
-    train.minibatch_size and train.microbatch_size must be multiples of rollout.group_size. Needs
-    SDPA attention; not with model.padding_free."""
+    dtype's rounding. Pays when prompts are long next to completions (bench/shared_prompt.py, bf16,
+    one microbatch, grouped / padded time, forward+backward and no-grad: the bench fixture with
+    48-token prompts and 16-token completions 0.43-0.47x and 0.51-0.55x, with 24 and 32 0.67-0.77x;
+    SmolLM2-135M with 11 and 32 0.77x and 0.90x, with 64 and 32 0.48x and 0.52x); with the fixture's
+    6-token prompts it does not (compiled 0.98-1.09x). Phase B then shuffles whole groups and cuts
+    minibatches and microbatches in whole groups, so train.minibatch_size and
+    train.microbatch_size must be multiples of rollout.group_size. Needs SDPA attention; not with
+    model.padding_free."""
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def _cache_kwarg(model) -> str:
     return kwarg(type(model))
 
 
-def test_a_fresh_bf16_copy_per_rollout_does_not_recompile_the_step(tiny, monkeypatch):
+def test_a_fresh_bf16_copy_per_rollout_does_not_recompile_the_step(tiny):
     """rollout.bf16_weights makes a new module every rollout: the compiled step must treat its
     parameters as inputs, not recompile for each copy."""
     import torch._dynamo
@@ -89,8 +89,10 @@ def test_a_fresh_bf16_copy_per_rollout_does_not_recompile_the_step(tiny, monkeyp
     first = eng.generate(model, PROMPTS, 2, generator=torch.Generator().manual_seed(0))  # compiles
     with torch.no_grad():
         model.lm_head.weight.add_(0.01)  # an optimizer step between rollouts
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
-    second = eng.generate(model, PROMPTS, 2, generator=torch.Generator().manual_seed(0))
+    # torch's own patch, not monkeypatch: pytest 9.2's undo deletes the attribute (a torch config
+    # entry, not in the module's __dict__), which hides it and breaks dynamo's next recompilation
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        second = eng.generate(model, PROMPTS, 2, generator=torch.Generator().manual_seed(0))
     assert not torch.equal(first.sampler_logp, second.sampler_logp)  # the new weights were used
 
 

@@ -61,6 +61,9 @@ def sdpa_fp32_grad_attention(module, query, key, value, attention_mask, **kwargs
     if _PACKED_LENGTHS is not None:
         return packed_attention(module, query, key, value, **kwargs)
     if prompt_sharing.GROUP_MASKS is not None:
+        if kwargs.get("sliding_window") is not None:  # the padded forward's mask carries the window; ours do not
+            raise ValueError("model.shared_prompt: this model's attention uses a sliding window, which the "
+                             "grouped forward does not implement; set model.shared_prompt=false")
         return prompt_sharing.split_attention(
             query, key, value, lambda q, k, v, mask: _row_attention(module, q, k, v, mask, kwargs)[0]), None
     if _is_compiled_decode(query, key, attention_mask, kwargs):
@@ -327,12 +330,15 @@ def completion_logprobs(
     """Log-probs of the completion tokens (columns prompt_len..T-1) under `model`.
 
     input_ids, attention_mask: [n, T]. Returns (logp [n, Lc] float32, entropy [n, Lc] or None).
-    Only the last Lc + 1 positions go through the LM head (`logits_to_keep`). The entropy is
-    detached unless `entropy_grad` (an entropy bonus in the loss). padding_free: forward only the
-    real tokens, packed into one row (`packed_completion_logprobs`); padded columns then get 0.
-    group_size: rows g·G .. g·G+G-1 share their prompt, which is forwarded once per group
-    (`grouped_completion_logprobs`).
+    Only the positions that predict completion tokens go through the LM head (`logits_to_keep`).
+    The entropy is detached unless `entropy_grad` (an entropy bonus in the loss). padding_free:
+    forward only the real tokens, packed into one row (`packed_completion_logprobs`); padded
+    columns then get 0. group_size: rows g·G .. g·G+G-1 share their prompt, which is forwarded
+    once per group (`grouped_completion_logprobs`). Not both (ValueError).
     """
+    if padding_free and group_size is not None:
+        raise ValueError("completion_logprobs: padding_free and group_size (model.shared_prompt) are two "
+                         "layouts of the forward; pass one")
     if padding_free:
         return packed_completion_logprobs(model, input_ids, attention_mask, prompt_len, temperature,
                                           with_entropy, compute_dtype, entropy_grad)

@@ -154,7 +154,8 @@ def _rows(x: torch.Tensor, prompt_len: int, group_size: int, with_prompt: bool) 
 def to_rows(x: torch.Tensor, prompt_len: int, group_size: int, with_prompt: bool) -> torch.Tensor:
     """`_rows` as an operator with its own backward (`_to_rows_backward`); never a view of x."""
     rows = _rows(x, prompt_len, group_size, with_prompt)
-    return rows.clone() if rows.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() else rows.contiguous()
+    aliases = rows.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    return rows.clone(memory_format=torch.contiguous_format) if aliases else rows.contiguous()
 
 
 @to_rows.register_fake

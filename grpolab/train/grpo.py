@@ -74,7 +74,7 @@ def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
     cfg = s.cfg
     n = ro.num_sequences
     for epoch in range(cfg.train.epochs):
-        order = s.row_order(n)
+        order = s.row_order(n, s.shuffle_gen)
         for mb, mb_idx in enumerate(order.split(cfg.train.minibatch_size)):
             s.progress.phase("learn", f"epoch {epoch + 1}/{cfg.train.epochs} minibatch {mb + 1}/{cfg.minibatches_per_epoch}")
             minibatch = ro.select(mb_idx)

@@ -174,9 +174,9 @@ class Setup:
     train_model: Any = None
     """What the log-prob forwards call (Phase B, and Phase A's π_old pass): the policy, or its compiled
     wrapper (model.compile); same parameters."""
-    row_order: Callable[[int], torch.Tensor] | None = None
-    """Phase B's shuffle of a step's N rows: a random permutation [N] (whole groups together with
-    model.shared_prompt)."""
+    row_order: Callable[[int, torch.Generator], torch.Tensor] = lambda n, gen: torch.randperm(n, generator=gen)
+    """Phase B's shuffle of a step's N rows, drawn from `shuffle_gen`: a random permutation [N]
+    (whole groups together with model.shared_prompt)."""
     microbatches: Callable[[Any, int], list[torch.Tensor]] = length_buckets
     """(minibatch, rows per microbatch) -> row indices per microbatch: rows of similar length
     (`length_buckets`), or whole groups of similar length (`shared_prompt.group_buckets`)."""
@@ -184,8 +184,6 @@ class Setup:
     def __post_init__(self) -> None:
         if self.train_model is None:
             self.train_model = self.policy
-        if self.row_order is None:
-            self.row_order = lambda n: torch.randperm(n, generator=self.shuffle_gen)
 
     def train_mask(self, ro, rewards: torch.Tensor) -> torch.Tensor:
         """The loss mask of Phase B: completion tokens, minus truncated completions and zero-std
@@ -274,10 +272,9 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     if cfg.train.keep_freed_memory and device.type == "cpu":
         keep_freed_memory()
     r = cfg.rollout
-    shuffle_gen = torch.Generator().manual_seed(cfg.train.seed + 1)
     grouped = {}
     if cfg.model.shared_prompt:  # Phase B forwards whole groups
-        grouped = dict(row_order=lambda n: group_permutation(n, r.group_size, shuffle_gen), microbatches=group_buckets)
+        grouped = dict(row_order=lambda n, gen: group_permutation(n, r.group_size, gen), microbatches=group_buckets)
     return Setup(
         cfg=cfg, policy=policy, tokenizer=tokenizer,
         engine=HFEngine(tokenizer, r.max_new_tokens, r.temperature, r.top_p, r.top_k, dtype, compile=r.compile,
@@ -286,7 +283,7 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
         advantage_fn=make_advantage_fn(cfg.loss.advantage, cfg.loss.std, cfg.loss.std_eps),
         rewards=rewards, prompts=prompts, optimizer=opt, scheduler=sched,
         sample_gen=torch.Generator(device=device).manual_seed(cfg.train.seed),
-        shuffle_gen=shuffle_gen,
+        shuffle_gen=torch.Generator().manual_seed(cfg.train.seed + 1),
         reference=reference_factory(cfg, policy), compute_dtype=dtype,
         progress=progress if progress is not None else Progress(cfg.train.steps, enabled=False),
         on_reward_error=cfg.train.on_reward_error,

@@ -208,3 +208,31 @@ def test_config_needs_whole_groups_and_one_layout():
         C.from_preset("grpo", base + ["train.minibatch_size=2", "train.microbatch_size=2"])
     with pytest.raises(C.ConfigError, match="model.padding_free"):
         C.from_preset("grpo", base + ["train.minibatch_size=16", "train.microbatch_size=8", "model.padding_free=true"])
+
+
+def test_one_completion_column(model, tok):
+    """Completions one column wide (max_new_tokens=1, or a microbatch trimmed to one column): every
+    log-prob comes from a prompt's last position."""
+    from grpolab.rollout.hf import HFEngine
+
+    ro = HFEngine(tok, max_new_tokens=1).generate(model, ["1+1=", "12+34="], 3, generator=torch.Generator().manual_seed(0))
+    assert ro.input_ids.shape[1] == ro.prompt_len + 1
+    m = copy.deepcopy(model).train()
+    want_lp, _, want_g = _logp_grad(m, ro, None)
+    got_lp, _, got_g = _logp_grad(m, ro, 3)
+    torch.testing.assert_close(got_lp, want_lp)
+    torch.testing.assert_close(got_g, want_g, rtol=1e-4, atol=1e-6)  # fp32 sums in another order, as above
+
+
+def test_sliding_window_attention_and_two_layouts_are_rejected(tok, rollout):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=2, sliding_window=4)
+    cfg._attn_implementation = "sdpa"
+    m = MistralForCausalLM(cfg)
+    args = (rollout.input_ids, rollout.attention_mask, rollout.prompt_len)
+    with pytest.raises(ValueError, match="sliding window"):
+        completion_logprobs(m, *args, group_size=G)
+    with pytest.raises(ValueError, match="two layouts"):
+        completion_logprobs(m, *args, group_size=G, padding_free=True)

@@ -192,10 +192,13 @@ def test_padding_free_forwards_give_the_same_training(monkeypatch):
         torch.testing.assert_close(got[k], want[k])
 
 
-def test_shared_prompt_forwards_give_the_same_training(monkeypatch):
+@pytest.mark.parametrize("minibatch,microbatch", [(8, 4), (16, 8)])
+def test_shared_prompt_forwards_give_the_same_training(monkeypatch, minibatch, microbatch):
     """model.shared_prompt: Phase A's π_old / π_ref passes and Phase B's microbatches forward each
     group's prompt once; Phase B shuffles whole groups. In fp64, with the padded run given the same
-    group order, two steps (μ = 2, KL, 2 minibatches of 2 microbatches) end at the same weights."""
+    group order, two steps (μ = 2, KL) end at the same weights: with 2 minibatches of 2 one-group
+    microbatches (a π_old pass), and with one minibatch of 2 two-group microbatches (epoch 0 records
+    π_old from the grouped forward)."""
     import grpolab.models.forward as fwd
     from grpolab.models.shared_prompt import group_permutation
 
@@ -204,21 +207,21 @@ def test_shared_prompt_forwards_give_the_same_training(monkeypatch):
                         lambda model, ids, *a, **k: grouped.append(ids.shape[0]) or real_grouped(model, ids, *a, **k))
     results, orders = [], []
     for shared in (False, True):
-        cfg = _cfg(f"model.shared_prompt={str(shared).lower()}", "loss.kl_coef=0.04", "train.minibatch_size=8",
-                   "train.microbatch_size=4", "rollout.max_new_tokens=8", "rollout.temperature=2.0")
+        cfg = _cfg(f"model.shared_prompt={str(shared).lower()}", "loss.kl_coef=0.04", f"train.minibatch_size={minibatch}",
+                   f"train.microbatch_size={microbatch}", "rollout.max_new_tokens=8", "rollout.temperature=2.0")
         s = _setup(cfg)
-        assert s.objective.shared_prompt is shared
-        if not shared:  # the padded run draws the same group order
-            s.row_order = lambda n, s=s: group_permutation(n, cfg.rollout.group_size, s.shuffle_gen)
-        draw = s.row_order
-        s.row_order = lambda n, draw=draw: orders.append(draw(n)) or orders[-1]
+        assert s.objective.shared_prompt is shared and cfg.needs_old_logp_pass is (minibatch < 16)
+        draw = (lambda n, gen: group_permutation(n, cfg.rollout.group_size, gen)) if not shared else s.row_order
+        s.row_order = lambda n, gen, draw=draw: orders.append(draw(n, gen)) or orders[-1]
         s.policy.double()
         s.reference().__enter__().double()
         rows = grpo.train(s)
         results.append(({k: v.clone() for k, v in s.policy.state_dict().items()}, rows))
         assert (len(grouped) > 0) is shared
-    # per step (16 rows): π_old and π_ref in 4 chunks of one group each, 2 epochs × 2 minibatches × 2 microbatches
-    assert grouped == [4] * 2 * (4 + 4 + 8)
+    # per step, 16 rows in chunks of `microbatch`: the π_old pass (2 minibatches only), the π_ref pass,
+    # 2 epochs of 16 rows in Phase B
+    chunks = 16 // microbatch
+    assert grouped == [microbatch] * 2 * ((chunks if minibatch < 16 else 0) + chunks + 2 * chunks)
     half = len(orders) // 2
     for a, b in zip(orders[:half], orders[half:]):
         torch.testing.assert_close(a, b)

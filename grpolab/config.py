@@ -62,16 +62,16 @@ class ModelConfig:
     """The log-prob forwards compute each group's prompt once instead of G times: a group goes through
     the model as one row [prompt | completion 1 | ... | completion G], and attention keeps each
     completion to its prompt and itself (models/shared_prompt.py). Same log-probs up to the compute
-    dtype's rounding. Pays when prompts are long next to completions (bench/shared_prompt.py, bf16,
-    one microbatch, grouped / padded time, forward+backward and no-grad: the bench fixture with
-    48-token prompts and 16-token completions 0.43-0.47x and 0.51-0.55x, with 24 and 32 0.67-0.77x;
-    SmolLM2-135M with 11 and 32 0.77x and 0.90x, with 64 and 32 0.48x and 0.52x); with the fixture's
-    6-token prompts little or not (eager 0.91x and 0.96x, compiled 0.98-1.09x and 0.96x), and on
-    the SmolLM2 bench's whole step model.padding_free gains more (9.9 vs 10.9 s). Sliding-window
-    attention is not implemented (ValueError). Phase B then shuffles whole groups and cuts
-    minibatches and microbatches in whole groups, so train.minibatch_size and
-    train.microbatch_size must be multiples of rollout.group_size. Needs SDPA attention; not with
-    model.padding_free."""
+    dtype's rounding. With model.padding_free too, one row of the batch's distinct real tokens:
+    neither padding nor prompt copies are computed. Pays when prompts are long next to completions
+    (bench/shared_prompt.py, bf16, one microbatch, grouped / padded time, forward+backward and
+    no-grad: the bench fixture with 48-token prompts and 16-token completions 0.43-0.47x and
+    0.51-0.55x; SmolLM2-135M with 64 and 32 0.48x and 0.52x, with 11 and 32 0.77x and 0.90x, and
+    0.79x and 0.79x against padding-free rows); with the fixture's 6-token prompts little or not
+    (eager 0.91x and 0.96x, compiled 0.98-1.09x and 0.96x). SmolLM2 bench step with
+    model.padding_free: 9.4 s with this on, 10.5 s off. Phase B shuffles whole groups and cuts
+    minibatches and microbatches in whole groups, so train.minibatch_size and train.microbatch_size
+    must be multiples of rollout.group_size. Needs SDPA attention without a sliding window."""
 
 
 @dataclass(frozen=True)

@@ -238,9 +238,6 @@ def _choice(value, allowed, field_name):
 def _check_shared_prompt(cfg) -> None:
     """model.shared_prompt forwards whole groups: every batch of rows must be whole groups."""
     g, t = cfg.rollout.group_size, cfg.train
-    if cfg.model.padding_free:
-        raise _err("model.shared_prompt=true and model.padding_free=true are two layouts of the log-prob "
-                   "forward; choose one")
     for name, v in (("train.minibatch_size", t.minibatch_size), ("train.microbatch_size", t.microbatch_size)):
         if v % g:
             raise _err(f"{name}={v} is not a multiple of rollout.group_size={g}, which model.shared_prompt=true "

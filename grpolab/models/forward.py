@@ -58,6 +58,10 @@ def sdpa_fp32_grad_attention(module, query, key, value, attention_mask, **kwargs
     embedding upcasts them). Returns (output [B, T, H, D], None); bf16 on the bf16 paths, as
     autocast's SDPA would return.
     """
+    if prompt_sharing.PACKED_GROUPS is not None:  # each original row's attention, its prompt copied in
+        expand, collapse = prompt_sharing.PACKED_GROUPS
+        out, _ = packed_attention(module, *(t.index_select(2, expand) for t in (query, key, value)), **kwargs)
+        return out.index_select(1, collapse), None
     if _PACKED_LENGTHS is not None:
         return packed_attention(module, query, key, value, **kwargs)
     if prompt_sharing.GROUP_MASKS is not None:
@@ -334,11 +338,12 @@ def completion_logprobs(
     The entropy is detached unless `entropy_grad` (an entropy bonus in the loss). padding_free:
     forward only the real tokens, packed into one row (`packed_completion_logprobs`); padded
     columns then get 0. group_size: rows g·G .. g·G+G-1 share their prompt, which is forwarded
-    once per group (`grouped_completion_logprobs`). Not both (ValueError).
+    once per group (`grouped_completion_logprobs`); with padding_free too, only real tokens and each
+    prompt once (`packed_grouped_completion_logprobs`).
     """
     if padding_free and group_size is not None:
-        raise ValueError("completion_logprobs: padding_free and group_size (model.shared_prompt) are two "
-                         "layouts of the forward; pass one")
+        return packed_grouped_completion_logprobs(model, input_ids, attention_mask, prompt_len, group_size,
+                                                  temperature, with_entropy, compute_dtype, entropy_grad)
     if padding_free:
         return packed_completion_logprobs(model, input_ids, attention_mask, prompt_len, temperature,
                                           with_entropy, compute_dtype, entropy_grad)
@@ -381,9 +386,7 @@ def packed_completion_logprobs(model, input_ids, attention_mask, prompt_len, tem
     n, width = input_ids.shape
     real = attention_mask.bool()
     _check_packable(real, prompt_len)
-    if not _switch_attention(model):
-        raise ValueError("model.padding_free needs a model with SDPA attention (attn_implementation='sdpa'); "
-                         f"this one runs {getattr(getattr(model, 'config', None), '_attn_implementation', None)!r}")
+    _require_sdpa(model, "model.padding_free")
     lengths = real.sum(-1)
     packed_index = (real.flatten().cumsum(0) - 1).view(n, width)  # each real token's place in the packed row
     scored = real[:, prompt_len:]  # the completion tokens that get a log-prob
@@ -404,9 +407,7 @@ def grouped_completion_logprobs(model, input_ids, attention_mask, prompt_len, gr
     The model must run SDPA attention (it is switched to `FAST_CPU_ATTENTION`); else ValueError.
     """
     layout = prompt_sharing.group_layout(input_ids, attention_mask, prompt_len, group_size)
-    if not _switch_attention(model):
-        raise ValueError("model.shared_prompt needs a model with SDPA attention (attn_implementation='sdpa'); "
-                         f"this one runs {getattr(getattr(model, 'config', None), '_attn_implementation', None)!r}")
+    _require_sdpa(model, "model.shared_prompt")
     with prompt_sharing.grouped_rows(layout), autocast(compute_dtype, str(input_ids.device)):
         out = model(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False,
                     logits_to_keep=layout.predictors)
@@ -421,6 +422,30 @@ def grouped_completion_logprobs(model, input_ids, attention_mask, prompt_len, gr
     logp = torch.cat([first[0][..., None], rest[0]], -1).view(n, lc)
     ent = torch.cat([first[1][..., None], rest[1]], -1).view(n, lc) if with_entropy else None
     return logp, ent
+
+
+def packed_grouped_completion_logprobs(model, input_ids, attention_mask, prompt_len, group_size, temperature=1.0,
+                                       with_entropy=False, compute_dtype=None, entropy_grad=False):
+    """`completion_logprobs` with both layouts: one row of the real tokens with each group's prompt
+    once (`shared_prompt.packed_group_layout`); attention runs on the original rows, each with its
+    prompt (`packed_attention` on copies gathered by index). Same returns; padded columns get 0."""
+    _check_packable(attention_mask.bool(), prompt_len)
+    layout = prompt_sharing.packed_group_layout(input_ids, attention_mask, prompt_len, group_size)
+    _require_sdpa(model, "model.shared_prompt")
+    with packed_rows(layout.row_lengths.cpu()), prompt_sharing.packed_groups(layout), \
+            autocast(compute_dtype, str(input_ids.device)):
+        out = model(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False,
+                    logits_to_keep=layout.predictors)
+    scored = layout.scored
+    logp, ent = _logprobs_of(out.logits[0], input_ids[:, prompt_len:][scored], temperature, with_entropy, entropy_grad)
+    return _unpack(logp, scored), (_unpack(ent, scored) if ent is not None else None)
+
+
+def _require_sdpa(model, option: str) -> None:
+    """Switches `model` to `FAST_CPU_ATTENTION`; ValueError naming `option` if it does not run SDPA."""
+    if not _switch_attention(model):
+        raise ValueError(f"{option} needs a model with SDPA attention (attn_implementation='sdpa'); "
+                         f"this one runs {getattr(getattr(model, 'config', None), '_attn_implementation', None)!r}")
 
 
 def _unpack(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,12 @@ the padded forward; the log-probs agree up to the rounding of differently shaped
 The layout is built by `group_layout` and announced to the attention of models on grpolab's
 attention (`models.forward.FAST_CPU_ATTENTION`) by `grouped_rows`. Batches of rows are cut in
 whole groups (`group_buckets`).
+
+With model.padding_free as well (`packed_group_layout`, `packed_groups`), the batch goes through
+the model as one row of its K distinct real tokens (each group's prompt once, then its completions'
+real tokens): the linear layers compute neither padding nor prompt copies. Attention gathers each
+original row back (its prompt copied in, by index) and runs the padding-free per-row attention on
+them; the outputs are gathered back to the K tokens.
 """
 
 from __future__ import annotations
@@ -60,22 +66,11 @@ def group_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_l
     multiple of group_size, when the rows of a group do not share their prompt (ids and mask), or
     when a prompt's last column is padding (it predicts every completion's first token).
     """
+    group_layout_check(input_ids, attention_mask, prompt_len, group_size)
     n, width = input_ids.shape
     g, lp, lc = group_size, prompt_len, width - prompt_len
-    if g < 1 or n % g:
-        raise ValueError(f"model.shared_prompt: {n} rows are not whole groups of rollout.group_size={g}")
-    if lp < 1 or lc < 1:
-        raise ValueError(f"model.shared_prompt: needs prompt and completion columns (prompt_len={lp}, width={width})")
-    real = attention_mask.bool()
     u = n // g
-    p_ids, p_real = input_ids[:, :lp].view(u, g, lp), real[:, :lp].view(u, g, lp)
-    same = (p_real == p_real[:, :1]).all() & ((p_ids == p_ids[:, :1]) | ~p_real).all()
-    if not bool(same):
-        raise ValueError(f"model.shared_prompt: rows g·{g} .. g·{g}+{g - 1} must share one prompt (ids and "
-                         "attention_mask); order rows by group and cut batches in whole groups")
-    key_real = p_real[:, 0]  # [U, Lp]
-    if not bool(key_real[:, -1].all()):
-        raise ValueError("model.shared_prompt: a prompt's last column is padding (prompts must be left-padded)")
+    p_ids, key_real = input_ids[:, :lp].view(u, g, lp), attention_mask[::g, :lp].bool()  # key_real: [U, Lp]
     device = input_ids.device
     ids = torch.cat([p_ids[:, 0], input_ids[:, lp:].reshape(u, g * lc)], 1)
     prompt_pos = (key_real.long().cumsum(-1) - 1).clamp(min=0)
@@ -93,6 +88,25 @@ def group_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_l
                        completion_attend, predictors, g)
 
 
+def group_layout_check(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, group_size: int) -> None:
+    """ValueError unless the n rows are whole groups of `group_size` rows that share their prompt
+    (ids and mask) and each prompt's last column is a real token."""
+    n, width = input_ids.shape
+    g, lp, lc = group_size, prompt_len, width - prompt_len
+    if g < 1 or n % g:
+        raise ValueError(f"model.shared_prompt: {n} rows are not whole groups of rollout.group_size={g}")
+    if lp < 1 or lc < 1:
+        raise ValueError(f"model.shared_prompt: needs prompt and completion columns (prompt_len={lp}, width={width})")
+    u = n // g
+    p_ids, p_real = input_ids[:, :lp].view(u, g, lp), attention_mask[:, :lp].bool().view(u, g, lp)
+    same = (p_real == p_real[:, :1]).all() & ((p_ids == p_ids[:, :1]) | ~p_real).all()
+    if not bool(same):
+        raise ValueError(f"model.shared_prompt: rows g·{g} .. g·{g}+{g - 1} must share one prompt (ids and "
+                         "attention_mask); order rows by group and cut batches in whole groups")
+    if not bool(p_real[:, 0, -1].all()):
+        raise ValueError("model.shared_prompt: a prompt's last column is padding (prompts must be left-padded)")
+
+
 @contextlib.contextmanager
 def grouped_rows(layout: GroupLayout):
     """Within this block, forwards of models on grpolab's attention take their rows in `layout`'s form."""
@@ -102,6 +116,72 @@ def grouped_rows(layout: GroupLayout):
         yield
     finally:
         GROUP_MASKS = previous
+
+
+# The index maps of the padding-free grouped forward in progress (`packed_groups`): (expand [R],
+# collapse [K]) int64, or None outside one. Read by `models.forward.sdpa_fp32_grad_attention`.
+PACKED_GROUPS: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+@dataclass(frozen=True)
+class PackedGroupLayout:
+    """The padding-free grouped forward's inputs (`packed_group_layout`): the K distinct real tokens of
+    a batch, each group's prompt once, then its completions' real tokens, as one row."""
+
+    input_ids: torch.Tensor
+    """[1, K] int64: per group, its prompt's real tokens, then each completion's real tokens."""
+    position_ids: torch.Tensor
+    """[1, K] int64: each token's position in its original row."""
+    expand: torch.Tensor
+    """[R] int64: for each real token of the original rows (row-major, R of them), its place in the
+    K tokens: attention runs on the original rows, each prompt copied into each of its rows."""
+    collapse: torch.Tensor
+    """[K] int64: for each of the K tokens, one of its places among the R (a prompt: its group's first row)."""
+    row_lengths: torch.Tensor
+    """[rows with real tokens] int64: the original rows' real lengths (they sum to R)."""
+    predictors: torch.Tensor
+    """[S] int64: for each scored completion token (real, row-major), the place among the K of the
+    token before it in its row."""
+    scored: torch.Tensor
+    """[n, Lc] bool: the completion tokens that get a log-prob (the real ones)."""
+
+
+def packed_group_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+                        group_size: int) -> PackedGroupLayout:
+    """`group_layout` without padding: the rows' real tokens, each group's prompt once.
+
+    Same input contract as `group_layout` (rows g·G .. g·G + G - 1 share their prompt; left-padded
+    prompts, right-padded completions, checked by the caller for gaps); ValueError otherwise.
+    """
+    group_layout_check(input_ids, attention_mask, prompt_len, group_size)
+    real = attention_mask.bool()
+    n, width = real.shape
+    lp, g = prompt_len, group_size
+    first_of_group = (torch.arange(n, device=real.device) % g == 0)[:, None]
+    is_prompt = (torch.arange(width, device=real.device) < lp)[None, :]
+    distinct = real & (~is_prompt | first_of_group)  # [n, W]: the K tokens, in row-major order
+    k = int(distinct.sum())
+    place = torch.full((n, width), -1, dtype=torch.long, device=real.device)
+    place[distinct] = torch.arange(k, device=real.device)
+    place[:, :lp] = place[::g, :lp].repeat_interleave(g, 0)  # every row's prompt is its group's first row's
+    where = torch.full((n, width), -1, dtype=torch.long, device=real.device)
+    where[real] = torch.arange(int(real.sum()), device=real.device)
+    scored = real[:, lp:]
+    lengths = real.sum(-1)
+    positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+    return PackedGroupLayout(input_ids[distinct][None], positions[distinct][None], place[real], where[distinct],
+                             lengths[lengths > 0], place[:, lp - 1 : width - 1][scored], scored)
+
+
+@contextlib.contextmanager
+def packed_groups(layout: PackedGroupLayout):
+    """Within this block, forwards of models on grpolab's attention take `layout`'s one row of K tokens."""
+    global PACKED_GROUPS
+    previous, PACKED_GROUPS = PACKED_GROUPS, (layout.expand, layout.collapse)
+    try:
+        yield
+    finally:
+        PACKED_GROUPS = previous
 
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -1,4 +1,5 @@
-"""The grouped log-prob forward (model.shared_prompt): each group's prompt once, same log-probs and gradients."""
+"""The grouped log-prob forward (model.shared_prompt, alone or with model.padding_free): each group's
+prompt once, same log-probs and gradients as the padded forward."""
 
 from __future__ import annotations
 
@@ -45,10 +46,11 @@ def rollout(tok):
     return ro
 
 
-def _logp_grad(model, ro, group_size, dtype=None, weights=None, entropy_grad=False):
+def _logp_grad(model, ro, group_size, dtype=None, weights=None, entropy_grad=False, padding_free=False):
     model.zero_grad(set_to_none=True)
     logp, ent = completion_logprobs(model, ro.input_ids, ro.attention_mask, ro.prompt_len, 0.9, with_entropy=True,
-                                    compute_dtype=dtype, entropy_grad=entropy_grad, group_size=group_size)
+                                    compute_dtype=dtype, entropy_grad=entropy_grad, group_size=group_size,
+                                    padding_free=padding_free)
     w = weights if weights is not None else torch.ones_like(logp)
     loss = (logp * w * ro.loss_mask).sum() + ((ent * ro.loss_mask).sum() if entropy_grad else 0)
     loss.backward()
@@ -56,14 +58,17 @@ def _logp_grad(model, ro, group_size, dtype=None, weights=None, entropy_grad=Fal
     return logp.detach(), ent.detach(), grads
 
 
-def test_grouped_forward_matches_the_padded_forward_in_fp32(model, rollout):
+@pytest.mark.parametrize("padding_free", [False, True], ids=["grouped", "packed-groups"])
+def test_grouped_forward_matches_the_padded_forward_in_fp32(model, rollout, padding_free):
     m = copy.deepcopy(model).train()
     weights = torch.randn(rollout.loss_mask.shape, generator=torch.Generator().manual_seed(2))
     want_lp, want_ent, want_g = _logp_grad(m, rollout, None, weights=weights)
-    got_lp, got_ent, got_g = _logp_grad(m, rollout, G, weights=weights)
+    got_lp, got_ent, got_g = _logp_grad(m, rollout, G, weights=weights, padding_free=padding_free)
     real = rollout.attention_mask[:, rollout.prompt_len:].bool()
     torch.testing.assert_close(got_lp[real], want_lp[real])
     torch.testing.assert_close(got_ent[real], want_ent[real])
+    if padding_free:  # padding columns are not computed
+        assert bool((got_lp[~real] == 0).all()) and bool((got_ent[~real] == 0).all())
     # fp32 sums in another order (other GEMM shapes): close, not bit-identical
     torch.testing.assert_close(got_g, want_g, rtol=1e-4, atol=1e-6)
     assert m.config._attn_implementation == FAST_CPU_ATTENTION
@@ -78,13 +83,15 @@ def test_grouped_forward_differentiates_an_entropy_bonus(model, rollout):
     torch.testing.assert_close(got_g, want_g, rtol=1e-4, atol=1e-6)  # fp32 sums in another order, as above
 
 
-def test_grouped_forward_in_bf16_is_as_close_to_fp32_as_the_padded_one(model, rollout):
+@pytest.mark.parametrize("padding_free", [False, True], ids=["grouped", "packed-groups"])
+def test_grouped_forward_in_bf16_is_as_close_to_fp32_as_the_padded_one(model, rollout, padding_free):
     m = copy.deepcopy(model).train()
     ref_lp, _, ref_g = _logp_grad(m, rollout, None)
     mask = rollout.loss_mask
     errors = {}
     for group_size in (None, G):
-        lp, _, g = _logp_grad(m, rollout, group_size, dtype=torch.bfloat16)
+        lp, _, g = _logp_grad(m, rollout, group_size, dtype=torch.bfloat16,
+                              padding_free=padding_free and group_size is not None)
         errors[group_size] = (float((lp - ref_lp)[mask].abs().max()), float((g - ref_g).norm() / ref_g.norm()))
     (pad_lp, pad_g), (grp_lp, grp_g) = errors[None], errors[G]
     # bf16 rounds in other places in the two layouts: the grouped error is of the padded one's size
@@ -96,8 +103,9 @@ def test_batched_logprobs_in_whole_groups_equal_the_padded_passes(model, rollout
     want = batched_logprobs(m, rollout, 1.0, batch_size=5)
     mask = rollout.loss_mask
     for batch_size in (G, 2 * G):
-        got = batched_logprobs(m, rollout, 1.0, batch_size=batch_size, shared_prompt=True)
-        torch.testing.assert_close(got[mask], want[mask])
+        for padding_free in (False, True):
+            got = batched_logprobs(m, rollout, 1.0, batch_size=batch_size, shared_prompt=True, padding_free=padding_free)
+            torch.testing.assert_close(got[mask], want[mask])
     with pytest.raises(ValueError, match="whole groups"):
         batched_logprobs(m, rollout, 1.0, batch_size=G + 1, shared_prompt=True)
 
@@ -121,13 +129,30 @@ def test_layout_scores_every_completion_token_from_its_own_row(rollout):
     torch.testing.assert_close(lay.position_ids[:, lp + lc], real)
 
 
-def test_rows_that_are_not_whole_groups_are_rejected(rollout):
+def test_packed_layout_holds_each_prompt_once_and_every_row_through_its_maps(rollout):
     ids, am, lp = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
+    lay = shared_prompt.packed_group_layout(ids, am, lp, G)
+    real = am.bool()
+    k = int(real[::G, :lp].sum() + real[:, lp:].sum())
+    assert lay.input_ids.shape == (1, k) and lay.expand.shape == (int(real.sum()),)
+    torch.testing.assert_close(lay.input_ids[0, lay.expand], ids[real])  # every original row, rebuilt
+    torch.testing.assert_close(lay.expand[lay.collapse], torch.arange(k))  # collapse picks a copy of each
+    torch.testing.assert_close(lay.position_ids[0, lay.expand], (real.long().cumsum(-1) - 1)[real])
+    torch.testing.assert_close(lay.row_lengths, real.sum(-1))
+    # the predictor of each scored token is the token before it in its row, at that token's position
+    torch.testing.assert_close(lay.input_ids[0, lay.predictors], ids[:, lp - 1 : -1][lay.scored])
+    torch.testing.assert_close(lay.position_ids[0, lay.predictors] + 1, (real.long().cumsum(-1) - 1)[:, lp:][lay.scored])
+
+
+@pytest.mark.parametrize("layout", ["group_layout", "packed_group_layout"])
+def test_rows_that_are_not_whole_groups_are_rejected(rollout, layout):
+    ids, am, lp = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
+    build = getattr(shared_prompt, layout)
     with pytest.raises(ValueError, match="whole groups"):
-        shared_prompt.group_layout(ids[:-1], am[:-1], lp, G)
+        build(ids[:-1], am[:-1], lp, G)
     order = torch.arange(rollout.num_sequences).roll(1)  # every group now starts with another group's row
     with pytest.raises(ValueError, match="share one prompt"):
-        shared_prompt.group_layout(ids[order], am[order], lp, G)
+        build(ids[order], am[order], lp, G)
 
 
 def test_a_model_without_sdpa_attention_is_rejected(tok, rollout):
@@ -169,7 +194,8 @@ def test_to_rows_operator_and_its_gradient():
     torch.testing.assert_close(rows[6, :, 5:], x[1, :, 5 + 2 * 7 : 5 + 3 * 7])  # its completion 2
 
 
-def test_compiled_grouped_forward_keeps_its_graphs_for_other_widths(model, rollout):
+@pytest.mark.parametrize("padding_free", [False, True], ids=["grouped", "packed-groups"])
+def test_compiled_grouped_forward_keeps_its_graphs_for_other_widths(model, rollout, padding_free):
     """model.compile with model.shared_prompt: batches of other widths and group counts reuse the
     graphs compiled for the first one; log-probs and gradients are the eager ones. (A batch of one
     group compiles once more: dynamo specializes sizes of 1, as for a padded batch of one row.)"""
@@ -182,12 +208,12 @@ def test_compiled_grouped_forward_keeps_its_graphs_for_other_widths(model, rollo
     rows = torch.arange(3 * G).view(3, G)
     first, second = rollout.select(rows[[0, 2]].flatten()), rollout.select(rows[[1, 2]].flatten())
     assert first.input_ids.shape[1] != second.input_ids.shape[1]
-    _logp_grad(compiled, first, G)
+    _logp_grad(compiled, first, G, padding_free=padding_free)
     frames = counter.frame_count
     assert frames > 0
     for ro in (second, rollout):
-        want_lp, want_ent, want_g = _logp_grad(m, ro, G)
-        got_lp, got_ent, got_g = _logp_grad(compiled, ro, G)
+        want_lp, want_ent, want_g = _logp_grad(m, ro, G, padding_free=padding_free)
+        got_lp, got_ent, got_g = _logp_grad(compiled, ro, G, padding_free=padding_free)
         assert counter.frame_count == frames, "new widths recompiled the grouped forward"
         torch.testing.assert_close(got_lp, want_lp)
         torch.testing.assert_close(got_ent, want_ent)
@@ -196,7 +222,7 @@ def test_compiled_grouped_forward_keeps_its_graphs_for_other_widths(model, rollo
     torch._dynamo.reset()
 
 
-def test_config_needs_whole_groups_and_one_layout():
+def test_config_needs_whole_groups():
     from grpolab import config as C
 
     base = ["rollout.group_size=4", "model.shared_prompt=true"]
@@ -206,8 +232,8 @@ def test_config_needs_whole_groups_and_one_layout():
         C.from_preset("grpo", base + ["train.minibatch_size=16", "train.microbatch_size=2"])
     with pytest.raises(C.ConfigError, match="train.minibatch_size=2 is not a multiple of rollout.group_size=4"):
         C.from_preset("grpo", base + ["train.minibatch_size=2", "train.microbatch_size=2"])
-    with pytest.raises(C.ConfigError, match="model.padding_free"):
-        C.from_preset("grpo", base + ["train.minibatch_size=16", "train.microbatch_size=8", "model.padding_free=true"])
+    both = C.from_preset("grpo", base + ["train.minibatch_size=16", "train.microbatch_size=8", "model.padding_free=true"])
+    assert both.model.shared_prompt and both.model.padding_free
 
 
 def test_one_completion_column(model, tok):
@@ -219,12 +245,13 @@ def test_one_completion_column(model, tok):
     assert ro.input_ids.shape[1] == ro.prompt_len + 1
     m = copy.deepcopy(model).train()
     want_lp, _, want_g = _logp_grad(m, ro, None)
-    got_lp, _, got_g = _logp_grad(m, ro, 3)
-    torch.testing.assert_close(got_lp, want_lp)
-    torch.testing.assert_close(got_g, want_g, rtol=1e-4, atol=1e-6)  # fp32 sums in another order, as above
+    for padding_free in (False, True):
+        got_lp, _, got_g = _logp_grad(m, ro, 3, padding_free=padding_free)
+        torch.testing.assert_close(got_lp, want_lp)
+        torch.testing.assert_close(got_g, want_g, rtol=1e-4, atol=1e-6)  # fp32 sums in another order, as above
 
 
-def test_sliding_window_attention_and_two_layouts_are_rejected(tok, rollout):
+def test_sliding_window_attention_is_rejected(tok, rollout):
     from transformers import MistralConfig, MistralForCausalLM
 
     cfg = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -234,5 +261,5 @@ def test_sliding_window_attention_and_two_layouts_are_rejected(tok, rollout):
     args = (rollout.input_ids, rollout.attention_mask, rollout.prompt_len)
     with pytest.raises(ValueError, match="sliding window"):
         completion_logprobs(m, *args, group_size=G)
-    with pytest.raises(ValueError, match="two layouts"):
+    with pytest.raises(ValueError, match="sliding window"):
         completion_logprobs(m, *args, group_size=G, padding_free=True)

@@ -192,23 +192,26 @@ def test_padding_free_forwards_give_the_same_training(monkeypatch):
         torch.testing.assert_close(got[k], want[k])
 
 
-@pytest.mark.parametrize("minibatch,microbatch", [(8, 4), (16, 8)])
-def test_shared_prompt_forwards_give_the_same_training(monkeypatch, minibatch, microbatch):
+@pytest.mark.parametrize("minibatch,microbatch,padding_free", [(8, 4, False), (16, 8, False), (16, 8, True)])
+def test_shared_prompt_forwards_give_the_same_training(monkeypatch, minibatch, microbatch, padding_free):
     """model.shared_prompt: Phase A's π_old / π_ref passes and Phase B's microbatches forward each
     group's prompt once; Phase B shuffles whole groups. In fp64, with the padded run given the same
     group order, two steps (μ = 2, KL) end at the same weights: with 2 minibatches of 2 one-group
     microbatches (a π_old pass), and with one minibatch of 2 two-group microbatches (epoch 0 records
-    π_old from the grouped forward)."""
+    π_old from the grouped forward); and the latter with model.padding_free too (packed groups)."""
     import grpolab.models.forward as fwd
     from grpolab.models.shared_prompt import group_permutation
 
-    grouped, real_grouped = [], fwd.grouped_completion_logprobs
-    monkeypatch.setattr(fwd, "grouped_completion_logprobs",
-                        lambda model, ids, *a, **k: grouped.append(ids.shape[0]) or real_grouped(model, ids, *a, **k))
+    grouped = []
+    for name in ("grouped_completion_logprobs", "packed_grouped_completion_logprobs"):
+        real = getattr(fwd, name)
+        monkeypatch.setattr(fwd, name, lambda model, ids, *a, real=real, name=name, **k:
+                            grouped.append((name, ids.shape[0])) or real(model, ids, *a, **k))
     results, orders = [], []
     for shared in (False, True):
         cfg = _cfg(f"model.shared_prompt={str(shared).lower()}", "loss.kl_coef=0.04", f"train.minibatch_size={minibatch}",
-                   f"train.microbatch_size={microbatch}", "rollout.max_new_tokens=8", "rollout.temperature=2.0")
+                   f"train.microbatch_size={microbatch}", "rollout.max_new_tokens=8", "rollout.temperature=2.0",
+                   f"model.padding_free={str(shared and padding_free).lower()}")
         s = _setup(cfg)
         assert s.objective.shared_prompt is shared and cfg.needs_old_logp_pass is (minibatch < 16)
         draw = (lambda n, gen: group_permutation(n, cfg.rollout.group_size, gen)) if not shared else s.row_order
@@ -221,7 +224,8 @@ def test_shared_prompt_forwards_give_the_same_training(monkeypatch, minibatch, m
     # per step, 16 rows in chunks of `microbatch`: the π_old pass (2 minibatches only), the π_ref pass,
     # 2 epochs of 16 rows in Phase B
     chunks = 16 // microbatch
-    assert grouped == [microbatch] * 2 * ((chunks if minibatch < 16 else 0) + chunks + 2 * chunks)
+    name = "packed_grouped_completion_logprobs" if padding_free else "grouped_completion_logprobs"
+    assert grouped == [(name, microbatch)] * 2 * ((chunks if minibatch < 16 else 0) + chunks + 2 * chunks)
     half = len(orders) // 2
     for a, b in zip(orders[:half], orders[half:]):
         torch.testing.assert_close(a, b)

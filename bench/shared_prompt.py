@@ -2,14 +2,16 @@
 
     python bench/shared_prompt.py                                  # fixture, bf16, eager
     python bench/shared_prompt.py --compile                        # torch.compile'd (scope 'model')
-    python bench/shared_prompt.py --model smollm2 --geometry 11x32,64x32 --repeats 5
+    python bench/shared_prompt.py --model smollm2 --geometry 11x32,64x32,128x64 --groups 2 --repeats 5
+    python bench/shared_prompt.py --model smollm2 --geometry 11x32,64x32 --groups 2 --padding-free
 
 One microbatch of `--groups` GRPO groups of `--group-size` rows: each group's prompt (Lp tokens,
 left-padded by 0-2 tokens) and G completions of Lc columns whose real lengths spread over
 [Lc/2, Lc]. For each geometry "LpxLc" the padded forward (`completion_logprobs`) and the grouped
 one (`group_size=G`) alternate A B A B; the median time of the training forward + backward and of
 the no-grad forward is printed for each, with the ratio grouped / padded (< 1: the grouped forward
-is faster) and the tokens each feeds the model.
+is faster) and the tokens each feeds the model. --padding-free: both sides forward only real tokens
+(`model.padding_free`: packed rows against packed groups).
 """
 
 from __future__ import annotations
@@ -52,12 +54,12 @@ def timed(fn, repeats: int) -> list[float]:
     return out
 
 
-def compare(model, module, ids, mask, lp, group_size, dtype, repeats: int) -> dict:
+def compare(model, module, ids, mask, lp, group_size, dtype, repeats: int, padding_free: bool = False) -> dict:
     def step(grouped: bool, grad: bool):
         def run():
             model.zero_grad(set_to_none=True)
             with torch.set_grad_enabled(grad):
-                logp, _ = completion_logprobs(module, ids, mask, lp, compute_dtype=dtype,
+                logp, _ = completion_logprobs(module, ids, mask, lp, compute_dtype=dtype, padding_free=padding_free,
                                               group_size=group_size if grouped else None)
                 if grad:
                     (logp * mask[:, lp:]).sum().backward()
@@ -85,6 +87,7 @@ def main(argv=None) -> None:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (scope 'model', dynamic)")
+    p.add_argument("--padding-free", action="store_true", help="both sides: only real tokens (model.padding_free)")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
@@ -97,13 +100,16 @@ def main(argv=None) -> None:
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
     g = args.group_size
     print(f"model {args.model}, {args.dtype}, {'compiled' if args.compile else 'eager'}, "
+          f"{'padding-free, ' if args.padding_free else ''}"
           f"{args.groups} groups x {g} rows, median of {args.repeats} interleaved runs")
     print(f"{'Lp x Lc':>8} {'tokens padded/grouped':>22} {'pass':>8} {'padded ms':>10} {'grouped ms':>11} {'ratio':>6}")
     for geo in args.geometry.split(","):
         lp, lc = (int(x) for x in geo.lower().split("x"))
         ids, mask = microbatch(args.groups, g, lp, lc, model.config.vocab_size)
-        tokens = f"{ids.numel()}/{args.groups * (lp + g * lc)}"
-        for key, (a, b) in compare(model, module, ids, mask, lp, g, dtype, args.repeats).items():
+        real = mask.bool()
+        tokens = (f"{int(real.sum())}/{int(real[::g, :lp].sum() + real[:, lp:].sum())}" if args.padding_free
+                  else f"{ids.numel()}/{args.groups * (lp + g * lc)}")
+        for key, (a, b) in compare(model, module, ids, mask, lp, g, dtype, args.repeats, args.padding_free).items():
             print(f"{geo:>8} {tokens:>22} {key:>8} {a * 1e3:10.1f} {b * 1e3:11.1f} {b / a:6.2f}", flush=True)
 
 

@@ -1,7 +1,7 @@
 """grpolab vs TRL's GRPOTrainer on the same workload, measured side by side in one run.
 
     python bench/vs_trl.py                                  # tiny fixture, fp32 and bf16, 3 runs each
-    python bench/vs_trl.py --model smollm2 --steps 2 --prompts 4 --dtype bfloat16 --lr 1e-5 --grpolab-padding-free --grpolab-keep-freed-memory
+    python bench/vs_trl.py --model smollm2 --steps 2 --prompts 4 --dtype bfloat16 --lr 1e-5 --grpolab-padding-free --grpolab-shared-prompt --grpolab-keep-freed-memory
     python bench/vs_trl.py --curve --steps 20 --seeds 0 1 2 # training curves (reward per step)
 
 Each run is a fresh subprocess (clean peak RSS, same start-up), runs `--warmup` untimed steps

@@ -55,7 +55,6 @@ class GroupLayout:
     predictors: torch.Tensor
     """[1 + G·(Lc - 1)] int64: the columns whose logits score completion tokens: the prompt's last
     column (every completion's first token), then column Lp + g·Lc + t for token t + 1 of completion g."""
-    group_size: int
 
 
 def group_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, group_size: int) -> GroupLayout:
@@ -85,7 +84,7 @@ def group_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_l
     predictors = torch.cat([torch.tensor([lp - 1], device=device),
                             (starts + torch.arange(lc - 1, device=device)).flatten()])
     return GroupLayout(ids, torch.cat([prompt_pos, completion_pos], 1), prompt_attend[:, None],
-                       completion_attend, predictors, g)
+                       completion_attend, predictors)
 
 
 def group_layout_check(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, group_size: int) -> None:
@@ -108,14 +107,19 @@ def group_layout_check(input_ids: torch.Tensor, attention_mask: torch.Tensor, pr
 
 
 @contextlib.contextmanager
-def grouped_rows(layout: GroupLayout):
-    """Within this block, forwards of models on grpolab's attention take their rows in `layout`'s form."""
-    global GROUP_MASKS
-    previous, GROUP_MASKS = GROUP_MASKS, (layout.prompt_attend, layout.completion_attend)
+def _announced(name: str, value):
+    """Sets the module global `name` (GROUP_MASKS or PACKED_GROUPS) for the block, then restores it."""
+    previous = globals()[name]
+    globals()[name] = value
     try:
         yield
     finally:
-        GROUP_MASKS = previous
+        globals()[name] = previous
+
+
+def grouped_rows(layout: GroupLayout):
+    """Within this block, forwards of models on grpolab's attention take their rows in `layout`'s form."""
+    return _announced("GROUP_MASKS", (layout.prompt_attend, layout.completion_attend))
 
 
 # The index maps of the padding-free grouped forward in progress (`packed_groups`): (expand [R],
@@ -173,15 +177,9 @@ def packed_group_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, p
                              lengths[lengths > 0], place[:, lp - 1 : width - 1][scored], scored)
 
 
-@contextlib.contextmanager
 def packed_groups(layout: PackedGroupLayout):
     """Within this block, forwards of models on grpolab's attention take `layout`'s one row of K tokens."""
-    global PACKED_GROUPS
-    previous, PACKED_GROUPS = PACKED_GROUPS, (layout.expand, layout.collapse)
-    try:
-        yield
-    finally:
-        PACKED_GROUPS = previous
+    return _announced("PACKED_GROUPS", (layout.expand, layout.collapse))
 
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

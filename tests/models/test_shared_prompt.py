@@ -10,40 +10,9 @@ import torch
 
 from grpolab.models import shared_prompt
 from grpolab.models.forward import FAST_CPU_ATTENTION, batched_logprobs, completion_logprobs
-from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+from grpolab.models.tiny import build_tiny_model
 
-G = 4
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_char_tokenizer()
-
-
-@pytest.fixture(scope="module", params=["qwen2", "gqa-llama"])
-def model(request, tok):
-    if request.param == "qwen2":
-        return build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=0)
-    from transformers import LlamaConfig, LlamaForCausalLM  # grouped-query attention: 4 query over 2 kv heads
-
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).float()
-
-
-@pytest.fixture(scope="module")
-def rollout(tok):
-    """A real rollout: 3 groups of 4, prompts of 3 lengths (left padding), completions of many lengths."""
-    from grpolab.rollout.hf import HFEngine
-
-    sampler = build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=1)
-    ro = HFEngine(tok, max_new_tokens=12).generate(sampler, ["1+1=", "12+34=", "7="], G,
-                                                   generator=torch.Generator().manual_seed(0))
-    lengths = ro.completion_lengths
-    assert lengths.min() < lengths.max() and ro.attention_mask[:, 0].sum() < ro.num_sequences
-    return ro
+G = 4  # the group size of the `rollout` fixture (tests/models/conftest.py)
 
 
 def _logp_grad(model, ro, group_size, dtype=None, weights=None, entropy_grad=False, padding_free=False):

@@ -500,7 +500,5 @@ def length_buckets(rollout, batch_size: int) -> list[torch.Tensor]:
     similar lengths compute fewer padded positions. The sort is stable (ties keep row order).
     Returns a list of int64 index tensors that together cover 0..N-1 once.
     """
-    prompt_real = rollout.attention_mask[:, : rollout.prompt_len].sum(-1)
-    key = rollout.completion_lengths * (rollout.prompt_len + 1) + prompt_real
-    order = torch.sort(key, stable=True).indices
+    order = torch.sort(rollout.length_key, stable=True).indices
     return list(order.split(batch_size))

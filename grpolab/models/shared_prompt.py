@@ -31,6 +31,8 @@ from typing import Callable
 
 import torch
 
+from grpolab.rollout.types import position_ids
+
 # The attention masks of the grouped forward in progress (`grouped_rows`): (prompt [U, 1, Lp, Lp],
 # completions [U·G, 1, Lc, Lp + Lc]), bool, True = attend; None outside one. A module global read by
 # `models.forward.sdpa_fp32_grad_attention` (like its `_PACKED_LENGTHS`): torch.compile sees graph
@@ -72,7 +74,7 @@ def group_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_l
     p_ids, key_real = input_ids[:, :lp].view(u, g, lp), attention_mask[::g, :lp].bool()  # key_real: [U, Lp]
     device = input_ids.device
     ids = torch.cat([p_ids[:, 0], input_ids[:, lp:].reshape(u, g * lc)], 1)
-    prompt_pos = (key_real.long().cumsum(-1) - 1).clamp(min=0)
+    prompt_pos = position_ids(key_real)
     completion_pos = (key_real.sum(-1, keepdim=True) + torch.arange(lc, device=device)).repeat(1, g)
     eye = torch.eye(lp, dtype=torch.bool, device=device)
     prompt_attend = (torch.ones(lp, lp, dtype=torch.bool, device=device).tril() & key_real[:, None, :]) | eye
@@ -172,7 +174,7 @@ def packed_group_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, p
     where[real] = torch.arange(int(real.sum()), device=real.device)
     scored = real[:, lp:]
     lengths = real.sum(-1)
-    positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+    positions = position_ids(real)
     return PackedGroupLayout(input_ids[distinct][None], positions[distinct][None], place[real], where[distinct],
                              lengths[lengths > 0], place[:, lp - 1 : width - 1][scored], scored)
 
@@ -287,9 +289,7 @@ def group_buckets(rollout, batch_size: int) -> list[torch.Tensor]:
     n = rollout.num_sequences
     if batch_size % g or n % g:
         raise ValueError(f"model.shared_prompt: batches of {batch_size} rows out of {n} are not whole groups of {g}")
-    longest = rollout.completion_lengths.view(n // g, g).amax(-1)
-    prompt_real = rollout.attention_mask[::g, : rollout.prompt_len].sum(-1)
-    order = torch.sort(longest * (rollout.prompt_len + 1) + prompt_real, stable=True).indices
+    order = torch.sort(rollout.length_key.view(n // g, g).amax(-1), stable=True).indices  # a group's longest row
     rows = (order[:, None] * g + torch.arange(g, device=order.device)).flatten()
     return list(rows.split(batch_size))
 

@@ -52,6 +52,13 @@ class Rollout:
         """[N] int64: counted tokens per completion."""
         return self.loss_mask.sum(-1)
 
+    @property
+    def length_key(self) -> torch.Tensor:
+        """[N] int64: orders rows by (completion length, real prompt length); sorting by it puts rows
+        of similar widths together (`models.forward.length_buckets`, `models.shared_prompt.group_buckets`)."""
+        prompt_real = self.attention_mask[:, : self.prompt_len].sum(-1)
+        return self.completion_lengths * (self.prompt_len + 1) + prompt_real
+
     def replace(self, **fields) -> "Rollout":
         return dataclasses.replace(self, **fields)
 

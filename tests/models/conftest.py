@@ -3,6 +3,8 @@ two small models and a real rollout, compared against the padded forward."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -44,3 +46,33 @@ def rollout(tok):
     lengths = ro.completion_lengths
     assert lengths.min() < lengths.max() and ro.attention_mask[:, 0].sum() < ro.num_sequences  # padding on both sides
     return ro
+
+
+def _compiled_keeps_graphs(model, first, later, logp_grad, recompiled: str) -> None:
+    """torch.compile(model) (dynamic, aot_eager) run on `first` compiles; each rollout of `later` must
+    reuse those graphs (else AssertionError `recompiled`) and give the eager log-probs, entropies and
+    gradients. logp_grad(module, rollout) -> (logp, entropy, flat gradient)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    m = copy.deepcopy(model).train()
+    counter = CompileCounterWithBackend("aot_eager")  # dynamo's guards are inductor's; no C++ build in CI
+    compiled = torch.compile(m, dynamic=True, backend=counter)
+    logp_grad(compiled, first)
+    frames = counter.frame_count
+    assert frames > 0
+    for ro in later:
+        want_lp, want_ent, want_g = logp_grad(m, ro)
+        got_lp, got_ent, got_g = logp_grad(compiled, ro)
+        assert counter.frame_count == frames, recompiled
+        torch.testing.assert_close(got_lp, want_lp)
+        torch.testing.assert_close(got_ent, want_ent)
+        # aot_eager runs decomposed ops (the RMSNorm's, the rotary's): fp32 sums in another order
+        torch.testing.assert_close(got_g, want_g, rtol=1e-4, atol=1e-6)
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def compiled_keeps_graphs():
+    """`_compiled_keeps_graphs`: a compiled forward reuses its graphs for other batches, eager values."""
+    return _compiled_keeps_graphs

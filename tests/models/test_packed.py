@@ -105,30 +105,14 @@ def test_a_model_without_sdpa_attention_is_rejected(tok, rollout):
         packed_completion_logprobs(m, rollout.input_ids, rollout.attention_mask, rollout.prompt_len)
 
 
-def test_compiled_padding_free_forward_keeps_its_graphs_for_other_row_lengths(model, rollout):
+def test_compiled_padding_free_forward_keeps_its_graphs_for_other_row_lengths(model, rollout, compiled_keeps_graphs):
     """model.compile with model.padding_free: the row lengths stay outside the traced code, so a batch
     with other rows (other count, lengths, width) reuses the graphs compiled for the first one, and
     its log-probs and gradients are the eager ones."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    torch._dynamo.reset()
-    m = copy.deepcopy(model).train()
-    counter = CompileCounterWithBackend("aot_eager")  # dynamo's guards are inductor's; no C++ build in CI
-    compiled = torch.compile(m, dynamic=True, backend=counter)
     first, second = rollout.select(torch.arange(0, 6)), rollout.select(torch.arange(6, 11))
     assert first.attention_mask.sum(-1).tolist()[:5] != second.attention_mask.sum(-1).tolist()
-    _logp_grad(compiled, first, True)
-    frames = counter.frame_count
-    assert frames > 0
-    for ro in (second, rollout):
-        want_lp, want_ent, want_g = _logp_grad(m, ro, True)
-        got_lp, got_ent, got_g = _logp_grad(compiled, ro, True)
-        assert counter.frame_count == frames, "a new set of rows recompiled the packed forward"
-        torch.testing.assert_close(got_lp, want_lp)
-        torch.testing.assert_close(got_ent, want_ent)
-        # aot_eager runs decomposed ops (the RMSNorm's, the rotary's): fp32 sums in another order
-        torch.testing.assert_close(got_g, want_g, rtol=1e-4, atol=1e-6)
-    torch._dynamo.reset()
+    compiled_keeps_graphs(model, first, (second, rollout), lambda m, ro: _logp_grad(m, ro, True),
+                          "a new set of rows recompiled the packed forward")
 
 
 def test_config_accepts_padding_free_with_compile():

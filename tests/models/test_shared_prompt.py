@@ -164,31 +164,16 @@ def test_to_rows_operator_and_its_gradient():
 
 
 @pytest.mark.parametrize("padding_free", [False, True], ids=["grouped", "packed-groups"])
-def test_compiled_grouped_forward_keeps_its_graphs_for_other_widths(model, rollout, padding_free):
+def test_compiled_grouped_forward_keeps_its_graphs_for_other_widths(model, rollout, padding_free,
+                                                                     compiled_keeps_graphs):
     """model.compile with model.shared_prompt: batches of other widths and group counts reuse the
     graphs compiled for the first one; log-probs and gradients are the eager ones. (A batch of one
     group compiles once more: dynamo specializes sizes of 1, as for a padded batch of one row.)"""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    torch._dynamo.reset()
-    m = copy.deepcopy(model).train()
-    counter = CompileCounterWithBackend("aot_eager")  # dynamo's guards are inductor's; no C++ build in CI
-    compiled = torch.compile(m, dynamic=True, backend=counter)
     rows = torch.arange(3 * G).view(3, G)
     first, second = rollout.select(rows[[0, 2]].flatten()), rollout.select(rows[[1, 2]].flatten())
     assert first.input_ids.shape[1] != second.input_ids.shape[1]
-    _logp_grad(compiled, first, G, padding_free=padding_free)
-    frames = counter.frame_count
-    assert frames > 0
-    for ro in (second, rollout):
-        want_lp, want_ent, want_g = _logp_grad(m, ro, G, padding_free=padding_free)
-        got_lp, got_ent, got_g = _logp_grad(compiled, ro, G, padding_free=padding_free)
-        assert counter.frame_count == frames, "new widths recompiled the grouped forward"
-        torch.testing.assert_close(got_lp, want_lp)
-        torch.testing.assert_close(got_ent, want_ent)
-        # aot_eager runs decomposed ops (the RMSNorm's, the rotary's): fp32 sums in another order
-        torch.testing.assert_close(got_g, want_g, rtol=1e-4, atol=1e-6)
-    torch._dynamo.reset()
+    compiled_keeps_graphs(model, first, (second, rollout), lambda m, ro: _logp_grad(m, ro, G, padding_free=padding_free),
+                          "new widths recompiled the grouped forward")
 
 
 def test_config_needs_whole_groups():

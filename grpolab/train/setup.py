@@ -19,7 +19,8 @@ from grpolab.config import Config, ConfigError
 from grpolab.report.progress import Progress
 from grpolab.rewards.base import build_reward, probe_rewards
 from grpolab.rollout.hf import HFEngine, keep_freed_memory
-from grpolab.models.forward import length_buckets, training_module
+from grpolab.models.compiled import training_module
+from grpolab.models.forward import length_buckets
 from grpolab.models.shared_prompt import group_buckets, group_permutation
 from grpolab.models.loading import frozen_copy
 from grpolab.train.objective import Objective, build_objective

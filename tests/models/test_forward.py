@@ -189,7 +189,7 @@ def test_batched_logprobs_bucketed_equals_one_chunk(model_and_batch, rollout):
 def test_compiled_training_module_matches_eager_and_shares_parameters(model_and_batch, scope):
     from torch._dynamo.eval_frame import OptimizedModule
 
-    from grpolab.models.forward import CompiledBlocks, training_module
+    from grpolab.models.compiled import CompiledBlocks, training_module
 
     model, ids, am = model_and_batch
     model = copy.deepcopy(model).train()

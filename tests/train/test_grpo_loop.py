@@ -274,7 +274,7 @@ def test_microbatches_group_rows_of_similar_length():
 def test_model_compile_runs_the_old_and_reference_passes_through_the_compiled_wrappers(monkeypatch):
     """With model.compile, Phase A's π_old pass calls train_model (the compiled policy) and the π_ref
     pass the reference factory's compiled wrapper; generation keeps the plain policy."""
-    from grpolab.models.forward import CompiledBlocks
+    from grpolab.models.compiled import CompiledBlocks
 
     cfg = _cfg("model.compile=true", "train.minibatch_size=4", "train.microbatch_size=4", "train.steps=1",
                "loss.kl_coef=0.04")

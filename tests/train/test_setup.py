@@ -37,7 +37,7 @@ def test_model_compile_compiles_the_reference_and_old_logprob_forwards_not_the_c
 
     from grpolab import config as C
     from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
-    from grpolab.models.forward import CompiledBlocks, training_module
+    from grpolab.models.compiled import CompiledBlocks, training_module
     from grpolab.train.setup import reference_factory
 
     tok = build_char_tokenizer()

@@ -52,12 +52,14 @@ class ModelConfig:
     padding_free: bool = False
     """The log-prob forwards (Phase B's training microbatches, Phase A's π_old / π_ref passes) pack
     each chunk's real tokens into one row: the linear layers and the LM head compute no padding, and
-    attention runs per original row (one SDPA call each). Same log-probs up to the compute dtype's
-    rounding. Pays when rows differ in length, on models with enough work per token (SmolLM2-135M,
-    bf16, 32 rows of 69 % real tokens: forward+backward 4.1-4.3 vs 5.5-6.3 s). Needs SDPA
-    attention (no sliding window). Combines with model.compile: on a CPU the per-row attention is one
-    operator inside the compiled graph (models/row_attention.py), whose row lengths are an input, so
-    batches with other rows reuse the graph."""
+    attention stays within each original row: in bf16 on a CPU, rows of at most 128 tokens are
+    gathered right-padded for two bf16 matmuls around a float32 softmax (models/padded_attention.py),
+    longer ones run one SDPA call each. Same log-probs up to the compute dtype's rounding. The row is
+    padded to one of 16 sizes per power of two (`forward.padded_count`): oneDNN builds and keeps a
+    bf16 kernel per matrix size. Pays when rows differ in length (SmolLM2-135M, bf16, 32 rows of 69 %
+    real tokens: forward+backward 4.1-4.3 vs 5.5-6.3 s). Needs SDPA attention (no sliding window).
+    Combines with model.compile: the row maps are graph inputs, so batches with other rows reuse the
+    graph."""
     shared_prompt: bool = False
     """The log-prob forwards compute each group's prompt once instead of G times: a group goes through
     the model as one row [prompt | completion 1 | ... | completion G], and attention keeps each

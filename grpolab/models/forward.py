@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from grpolab.algo.logprobs import entropy, fused_token_logprobs, token_logprobs
 from grpolab.models import shared_prompt as prompt_sharing
+from grpolab.models.padded_attention import from_padded, padded_maps, to_padded
 from grpolab.models.row_attention import per_row_attention
 from grpolab.rollout.types import position_ids
 
@@ -28,6 +29,10 @@ FAST_CPU_ATTENTION = "grpolab_sdpa"
 # traced code sees a graph input, not values it would guard on, so new row lengths reuse the compiled
 # graphs. Forwards run on one thread.
 _PACKED_LENGTHS: torch.Tensor | None = None
+
+# The index maps (gather, scatter, visible) of `padded_attention.padded_maps` for the padding-free forward in
+# progress when its rows are short (`_short_rows`); None otherwise. A module global like _PACKED_LENGTHS.
+_PADDED_MAPS: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 def _bf16_on_cpu(query: torch.Tensor) -> bool:
@@ -54,10 +59,13 @@ def sdpa_fp32_grad_attention(module, query, key, value, attention_mask, **kwargs
     Inside `packed_rows` the batch is one padding-free row and each original row attends only to
     itself (`packed_attention`); inside `shared_prompt.grouped_rows` a row is a group's prompt and
     completions (`shared_prompt.split_attention`); a decode step traced by torch.compile runs `decode_attention`
-    (rollout/static.py). query/key/value: [B, H, T, D] (fp32 under autocast: the rotary
-    embedding upcasts them). Returns (output [B, T, H, D], None); bf16 on the bf16 paths, as
-    autocast's SDPA would return.
+    (rollout/static.py). A padding-free batch of short rows computed in bf16 on a CPU runs
+    `short_attention` on its rows gathered right-padded (`padded_attention`).
+    query/key/value: [B, H, T, D] (fp32 under autocast: the rotary embedding upcasts them). Returns
+    (output [B, T, H, D], None); bf16 on the bf16 paths, as autocast's SDPA would return.
     """
+    if _PADDED_MAPS is not None and _pads_short_rows(query, kwargs):
+        return _short_rows_attention(query, key, value, kwargs.get("scaling")), None
     if prompt_sharing.PACKED_GROUPS is not None:  # each original row's attention, its prompt copied in
         expand, collapse = prompt_sharing.PACKED_GROUPS
         out, _ = packed_attention(module, *(t.index_select(2, expand) for t in (query, key, value)), **kwargs)
@@ -138,6 +146,22 @@ def short_attention(query, key, value, attention_mask=None, scaling=None):
         probs = probs.reshape(b, hkv, h // hkv * lq, lk)
         out = torch.matmul(probs, value.to(torch.bfloat16)).reshape(b, h, lq, d)
     return out.transpose(1, 2).contiguous()
+
+
+def _pads_short_rows(query, kwargs) -> bool:
+    """True where `_short_rows_attention` computes what `packed_attention` would: bf16 on a CPU, no
+    dropout, soft cap, sliding window or position bias (`packed_attention` rejects the last ones)."""
+    plain = not kwargs.get("dropout", 0.0) and all(
+        kwargs.get(name) is None for name in ("softcap", "sliding_window", "position_bias"))
+    return plain and _bf16_on_cpu(query)
+
+
+def _short_rows_attention(query, key, value, scaling=None):
+    """`short_attention` of the padding-free batch's rows, gathered right-padded by the current
+    `_PADDED_MAPS` and back: ([1, K, H, D] bf16)."""
+    gather, scatter, visible = _PADDED_MAPS
+    q, k, v = (to_padded(t.to(torch.bfloat16), gather) for t in (query, key, value))
+    return from_padded(short_attention(q, k, v, visible, scaling), scatter)
 
 
 def decode_attention(query, key, value, attention_mask=None, scaling=None):
@@ -252,16 +276,25 @@ def use_fast_cpu_attention(model: torch.nn.Module, compute_dtype: torch.dtype | 
 
 
 @contextlib.contextmanager
-def packed_rows(rows):
+def packed_rows(rows, groups=None):
     """Within this block, forwards of models on `FAST_CPU_ATTENTION` treat their single input row as
-    `rows` back-to-back sequences (lengths: a sequence of ints or an int tensor, summing to the
-    row's width)."""
-    global _PACKED_LENGTHS
-    previous, _PACKED_LENGTHS = _PACKED_LENGTHS, torch.as_tensor(rows, dtype=torch.int64)
+    `rows` back-to-back sequences (lengths: a sequence of ints or an int tensor on the CPU, summing
+    to the row's width). groups: the (expand, collapse) maps of `shared_prompt.packed_group_layout`
+    when the row holds each group's prompt once (the rows are then the original rows, see
+    `shared_prompt.packed_groups`). Rows of at most SHORT_ATTENTION_MAX_TOKENS on a CPU get the
+    index maps of the padded attention (`padded_attention.padded_maps`)."""
+    global _PACKED_LENGTHS, _PADDED_MAPS
+    lengths = torch.as_tensor(rows, dtype=torch.int64)
+    on_cpu = all(t.device.type == "cpu" for t in groups or ())
+    short = on_cpu and lengths.numel() > 0 and int(lengths.max()) <= SHORT_ATTENTION_MAX_TOKENS
+    previous = _PACKED_LENGTHS, _PADDED_MAPS
+    _PACKED_LENGTHS = lengths
+    _PADDED_MAPS = padded_maps(lengths, *(groups or ())) if short else None
     try:
-        yield
+        with prompt_sharing.packed_groups(*groups) if groups else contextlib.nullcontext():
+            yield
     finally:
-        _PACKED_LENGTHS = previous
+        _PACKED_LENGTHS, _PADDED_MAPS = previous
 
 
 def completion_logprobs(
@@ -336,10 +369,9 @@ def packed_completion_logprobs(model, input_ids, attention_mask, prompt_len, tem
     packed_index = (real.flatten().cumsum(0) - 1).view(n, width)  # each real token's place in the packed row
     scored = real[:, prompt_len:]  # the completion tokens that get a log-prob
     predictors = packed_index[:, prompt_len:][scored] - 1  # each one is predicted by the token before it
-    with packed_rows(lengths[lengths > 0].cpu()), autocast(compute_dtype, str(input_ids.device)):
-        out = model(input_ids=input_ids[real][None], position_ids=position_ids(attention_mask)[real][None],
-                    use_cache=False, logits_to_keep=predictors)
-    logp, ent = _logprobs_of(out.logits[0], input_ids[:, prompt_len:][scored], temperature, with_entropy, entropy_grad)
+    logits = _packed_forward(model, input_ids[real], position_ids(attention_mask)[real], lengths[lengths > 0].cpu(),
+                             predictors, compute_dtype)
+    logp, ent = _logprobs_of(logits, input_ids[:, prompt_len:][scored], temperature, with_entropy, entropy_grad)
     return _unpack(logp, scored), (_unpack(ent, scored) if ent is not None else None)
 
 
@@ -377,13 +409,47 @@ def packed_grouped_completion_logprobs(model, input_ids, attention_mask, prompt_
     _check_packable(attention_mask.bool(), prompt_len)
     layout = prompt_sharing.packed_group_layout(input_ids, attention_mask, prompt_len, group_size)
     _require_sdpa(model, "model.shared_prompt")
-    with packed_rows(layout.row_lengths.cpu()), prompt_sharing.packed_groups(layout), \
-            autocast(compute_dtype, str(input_ids.device)):
-        out = model(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False,
-                    logits_to_keep=layout.predictors)
+    logits = _packed_forward(model, layout.input_ids[0], layout.position_ids[0], layout.row_lengths.cpu(),
+                             layout.predictors, compute_dtype, (layout.expand, layout.collapse))
     scored = layout.scored
-    logp, ent = _logprobs_of(out.logits[0], input_ids[:, prompt_len:][scored], temperature, with_entropy, entropy_grad)
+    logp, ent = _logprobs_of(logits, input_ids[:, prompt_len:][scored], temperature, with_entropy, entropy_grad)
     return _unpack(logp, scored), (_unpack(ent, scored) if ent is not None else None)
+
+
+def _packed_forward(model, ids, positions, rows, predictors, compute_dtype, groups=None) -> torch.Tensor:
+    """The model's logits [S, V] at `predictors` [S] of one padding-free row: tokens `ids` [T] at
+    `positions` [T], original rows of lengths `rows` (CPU; with `groups`, see `packed_rows`).
+
+    The row and the predictors are padded to `padded_count` (dummy rows of token 0, a repeated
+    predictor), so the matrix products see few distinct sizes: oneDNN builds a bf16 kernel for
+    every new size (about as long as the product itself on the bench fixture) and keeps it, up to
+    a thousand sizes per cache (an RSS that grew by 50-70 MB a step, bench/README.md)."""
+    s = predictors.numel()
+    # more tokens than predictors after padding too: torch.compile's duck sizing would otherwise tie
+    # the two sizes together in its guards when they first happen to be equal, and recompile later
+    extra = padded_count(max(ids.numel(), padded_count(s) + 1)) - ids.numel()
+    if extra:
+        dummy = torch.arange(extra, device=ids.device)
+        ids, positions = torch.cat([ids, torch.zeros_like(dummy)]), torch.cat([positions, dummy % _DUMMY_ROW_TOKENS])
+        rows = torch.cat([rows, torch.tensor([_DUMMY_ROW_TOKENS] * (extra // _DUMMY_ROW_TOKENS)
+                                             + [extra % _DUMMY_ROW_TOKENS] * bool(extra % _DUMMY_ROW_TOKENS))])
+        if groups is not None:  # the dummy rows are original rows of their own
+            expand, collapse = groups
+            groups = (torch.cat([expand, collapse.numel() + dummy]), torch.cat([collapse, expand.numel() + dummy]))
+    keep = torch.cat([predictors, predictors[-1:].expand(padded_count(s) - s)]) if s else predictors
+    with packed_rows(rows, groups), autocast(compute_dtype, str(ids.device)):
+        out = model(input_ids=ids[None], position_ids=positions[None], use_cache=False, logits_to_keep=keep)
+    return out.logits[0, :s]
+
+
+_DUMMY_ROW_TOKENS = 64
+"""The longest dummy row `_packed_forward` appends (they stay short rows for the padded attention)."""
+
+
+def padded_count(n: int) -> int:
+    """`n` rounded up to one of 16 sizes per power of two (at most 1/16 more; 0 stays 0)."""
+    step = max(8, 1 << max(n.bit_length() - 5, 0))
+    return -(-n // step) * step
 
 
 def _require_sdpa(model, option: str) -> None:

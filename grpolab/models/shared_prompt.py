@@ -179,9 +179,11 @@ def packed_group_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, p
                              lengths[lengths > 0], place[:, lp - 1 : width - 1][scored], scored)
 
 
-def packed_groups(layout: PackedGroupLayout):
-    """Within this block, forwards of models on grpolab's attention take `layout`'s one row of K tokens."""
-    return _announced("PACKED_GROUPS", (layout.expand, layout.collapse))
+def packed_groups(expand: torch.Tensor, collapse: torch.Tensor):
+    """Within this block, forwards of models on grpolab's attention take one row of K tokens laid
+    out as `packed_group_layout` gives (its `expand` and `collapse` maps; `forward.packed_rows`
+    enters this)."""
+    return _announced("PACKED_GROUPS", (expand, collapse))
 
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

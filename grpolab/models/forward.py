@@ -31,7 +31,7 @@ FAST_CPU_ATTENTION = "grpolab_sdpa"
 _PACKED_LENGTHS: torch.Tensor | None = None
 
 # The index maps (gather, scatter, visible) of `padded_attention.padded_maps` for the padding-free forward in
-# progress when its rows are short (`_short_rows`); None otherwise. A module global like _PACKED_LENGTHS.
+# progress when its rows are short (`packed_rows`); None otherwise. A module global like _PACKED_LENGTHS.
 _PADDED_MAPS: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
@@ -447,7 +447,8 @@ _DUMMY_ROW_TOKENS = 64
 
 
 def padded_count(n: int) -> int:
-    """`n` rounded up to one of 16 sizes per power of two (at most 1/16 more; 0 stays 0)."""
+    """`n` rounded up to one of 16 sizes per power of two: at most 1/16 more, or up to 7 more below
+    128 (sizes are multiples of 8); 0 stays 0."""
     step = max(8, 1 << max(n.bit_length() - 5, 0))
     return -(-n // step) * step
 

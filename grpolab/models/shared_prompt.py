@@ -19,8 +19,9 @@ whole groups (`group_buckets`).
 With model.padding_free as well (`packed_group_layout`, `packed_groups`), the batch goes through
 the model as one row of its K distinct real tokens (each group's prompt once, then its completions'
 real tokens): the linear layers compute neither padding nor prompt copies. Attention gathers each
-original row back (its prompt copied in, by index) and runs the padding-free per-row attention on
-them; the outputs are gathered back to the K tokens.
+original row back (its prompt copied in, by index): right-padded for short rows in bf16 on a CPU
+(`padded_attention`), else for the padding-free per-row attention; the outputs are gathered back
+to the K tokens.
 """
 
 from __future__ import annotations

@@ -416,6 +416,10 @@ def packed_grouped_completion_logprobs(model, input_ids, attention_mask, prompt_
     return _unpack(logp, scored), (_unpack(ent, scored) if ent is not None else None)
 
 
+_DUMMY_ROW_TOKENS = 64
+"""The longest dummy row `_packed_forward` appends (they stay short rows for the padded attention)."""
+
+
 def _packed_forward(model, ids, positions, rows, predictors, compute_dtype, groups=None) -> torch.Tensor:
     """The model's logits [S, V] at `predictors` [S] of one padding-free row: tokens `ids` [T] at
     `positions` [T], original rows of lengths `rows` (CPU; with `groups`, see `packed_rows`).
@@ -440,10 +444,6 @@ def _packed_forward(model, ids, positions, rows, predictors, compute_dtype, grou
     with packed_rows(rows, groups), autocast(compute_dtype, str(ids.device)):
         out = model(input_ids=ids[None], position_ids=positions[None], use_cache=False, logits_to_keep=keep)
     return out.logits[0, :s]
-
-
-_DUMMY_ROW_TOKENS = 64
-"""The longest dummy row `_packed_forward` appends (they stay short rows for the padded attention)."""
 
 
 def padded_count(n: int) -> int:

@@ -11,9 +11,9 @@ The gathers copy a few MB; the linear layers keep their padding-free savings.
 
 The index maps (`padded_maps`) are built on the host once per forward and reach the traced code
 as tensors, so torch.compile keeps one graph whatever the rows are. The two layout changes are
-custom operators with their own backward (an index add, an index copy): traced as index ops,
-inductor fuses such a backward with its neighbours' into slow kernels of index arithmetic (see
-`shared_prompt.to_rows`), while the attention between them stays traced and fused.
+traced forward (inductor fuses the gathers with their neighbours) and have custom operators as
+backward (an index add, an index copy): traced as index ops, inductor fuses such a backward with
+its neighbours' into slow kernels of index arithmetic (see `shared_prompt.to_rows`).
 """
 
 from __future__ import annotations
@@ -46,13 +46,6 @@ def padded_maps(lengths: Tensor, expand: Tensor | None = None,
     return expand[token], scatter[collapse], visible
 
 
-def _slots(x: Tensor, gather: Tensor) -> Tensor:
-    """[1, H, T, D] packed tokens -> [n, H, L, D] contiguous: slot (i, j) holds token gather[i, j]."""
-    n, width = gather.shape
-    tokens = x[0].transpose(0, 1)  # [T, H, D]
-    return tokens.index_select(0, gather.flatten()).view(n, width, *tokens.shape[1:]).transpose(1, 2).contiguous()
-
-
 @torch.library.custom_op("grpolab::to_padded_backward", mutates_args=(), device_types="cpu")
 def to_padded_backward(grad: Tensor, gather: Tensor, num_tokens: int) -> Tensor:
     """[n, H, L, D] slot gradients -> [1, H, T, D] (strides of a [T, H, D] tensor), summed over the
@@ -72,7 +65,9 @@ class _ToPadded(torch.autograd.Function):
 
     @staticmethod
     def forward(x: Tensor, gather: Tensor) -> Tensor:
-        return _slots(x, gather)
+        n, width = gather.shape
+        tokens = x[0].transpose(0, 1)  # [T, H, D]
+        return tokens.index_select(0, gather.flatten()).view(n, width, *tokens.shape[1:]).transpose(1, 2).contiguous()
 
     @staticmethod
     def setup_context(ctx, inputs, output):

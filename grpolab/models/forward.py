@@ -429,14 +429,13 @@ def _packed_forward(model, ids, positions, rows, predictors, compute_dtype, grou
     every new size (about as long as the product itself on the bench fixture) and keeps it, up to
     a thousand sizes per cache (an RSS that grew by 50-70 MB a step, bench/README.md)."""
     s = predictors.numel()
-    # more tokens than predictors after padding too: torch.compile's duck sizing would otherwise tie
-    # the two sizes together in its guards when they first happen to be equal, and recompile later
-    extra = padded_count(max(ids.numel(), padded_count(s) + 1)) - ids.numel()
+    lengths = _dummy_rows(ids.numel(), s, int(rows.max()) if rows.numel() else _DUMMY_ROW_TOKENS)
+    extra = sum(lengths)
     if extra:
         dummy = torch.arange(extra, device=ids.device)
-        ids, positions = torch.cat([ids, torch.zeros_like(dummy)]), torch.cat([positions, dummy % _DUMMY_ROW_TOKENS])
-        rows = torch.cat([rows, torch.tensor([_DUMMY_ROW_TOKENS] * (extra // _DUMMY_ROW_TOKENS)
-                                             + [extra % _DUMMY_ROW_TOKENS] * bool(extra % _DUMMY_ROW_TOKENS))])
+        starts = torch.tensor([0] + lengths[:-1]).cumsum(0).repeat_interleave(torch.tensor(lengths))
+        ids, positions = torch.cat([ids, torch.zeros_like(dummy)]), torch.cat([positions, dummy - starts])
+        rows = torch.cat([rows, torch.tensor(lengths)])
         if groups is not None:  # the dummy rows are original rows of their own
             expand, collapse = groups
             groups = (torch.cat([expand, collapse.numel() + dummy]), torch.cat([collapse, expand.numel() + dummy]))
@@ -449,8 +448,30 @@ def _packed_forward(model, ids, positions, rows, predictors, compute_dtype, grou
 def padded_count(n: int) -> int:
     """`n` rounded up to one of 16 sizes per power of two: at most 1/16 more, or up to 7 more below
     128 (sizes are multiples of 8); 0 stays 0."""
-    step = max(8, 1 << max(n.bit_length() - 5, 0))
+    step = _padded_step(n)
     return -(-n // step) * step
+
+
+def _padded_step(n: int) -> int:
+    """The multiple `padded_count` rounds `n` up to."""
+    return max(8, 1 << max(n.bit_length() - 5, 0))
+
+
+def _dummy_rows(tokens: int, predictors: int, longest: int) -> list[int]:
+    """The lengths of the dummy rows `_packed_forward` appends to `tokens` real tokens so that
+    their count is a `padded_count` size above `padded_count(predictors)`.
+
+    None is longer than the `longest` real row, or 16 (a longer one would lengthen every row of the
+    padded attention: more work and a new set of oneDNN kernels), and their number depends only on
+    the padding step and `longest`, not on how many tokens are missing, unless the predictors
+    force more: the padded attention then sees a few row counts, not one per microbatch."""
+    width = max(16, min(_DUMMY_ROW_TOKENS, longest))
+    count = -(-2 * _padded_step(tokens) // (width - 1))  # enough for any shortfall below two steps
+    # more tokens than predictors after padding too: torch.compile's duck sizing would otherwise tie
+    # the two sizes together in its guards when they first happen to be equal, and recompile later
+    extra = padded_count(max(tokens + count, padded_count(predictors) + 1)) - tokens
+    count = max(count, -(-extra // width))
+    return [extra // count + (i < extra % count) for i in range(count)]
 
 
 def _require_sdpa(model, option: str) -> None:

@@ -116,15 +116,37 @@ def test_padded_count_gives_few_sizes_and_little_padding():
     assert padded_count(0) == 0
 
 
+@pytest.mark.parametrize("longest", [3, 16, 38, 64, 200])
+def test_dummy_rows_fill_to_a_padded_size_no_longer_than_the_rows_and_as_many_for_any_shortfall(longest):
+    """Dummy rows no longer than the longest real row (at least 16, at most 64 tokens) keep the
+    padded attention's width, and their count does not depend on the shortfall: a few row counts
+    (so few attention kernels) instead of one per microbatch."""
+    width = max(16, min(64, longest))
+    counts = set()
+    for tokens in range(1024, 2048):  # one padding step (64)
+        for predictors in (0, tokens // 2, tokens - 1, tokens):
+            rows = forward._dummy_rows(tokens, predictors, longest)
+            total = tokens + sum(rows)
+            assert total == padded_count(total) and total > padded_count(predictors), (tokens, predictors)
+            assert 1 <= min(rows) and max(rows) <= width, (tokens, predictors, rows)
+            if predictors < tokens - 64:  # the predictors force no more tokens than the rounding does
+                counts.add(len(rows))
+    assert len(counts) == 1, counts
+
+
 def test_packed_forward_feeds_the_model_few_sizes_and_more_tokens_than_predictors(model, rollout):
     """Every bf16 matrix product of a new size makes oneDNN build and keep a kernel: the packed row
-    and the LM head's rows are padded to `padded_count` sizes, and the tokens stay more than the
-    predictors (else torch.compile ties the two sizes in its guards)."""
+    and the LM head's rows are padded to `padded_count` sizes, the tokens stay more than the
+    predictors (else torch.compile ties the two sizes in its guards), and the padded attention is
+    as wide as the longest real row (the dummy rows are no longer)."""
     m = copy.deepcopy(model)
-    seen = []
-    hook = m.register_forward_pre_hook(
-        lambda mod, args, kwargs: seen.append((kwargs["input_ids"].shape[1], kwargs["logits_to_keep"].numel())),
-        with_kwargs=True)
+    seen, widths, longest = [], [], []
+
+    def record(mod, args, kwargs):
+        seen.append((kwargs["input_ids"].shape[1], kwargs["logits_to_keep"].numel()))
+        widths.append(forward._PADDED_MAPS[0].shape[1])
+
+    hook = m.register_forward_pre_hook(record, with_kwargs=True)
     try:
         for rows in (torch.arange(0, 6), torch.arange(3, 12), torch.arange(12)):
             sub = rollout.select(rows)
@@ -133,9 +155,10 @@ def test_packed_forward_feeds_the_model_few_sizes_and_more_tokens_than_predictor
                     continue
                 completion_logprobs(m, sub.input_ids, sub.attention_mask, sub.prompt_len, padding_free=True,
                                     group_size=group_size)
+                longest.append(int(sub.attention_mask.sum(1).max()))
     finally:
         hook.remove()
-    assert seen
+    assert seen and all(w == n or n < w <= 16 for w, n in zip(widths, longest, strict=True)), (widths, longest)
     for tokens, predictors in seen:
         assert tokens == padded_count(tokens) and predictors == padded_count(predictors) and tokens > predictors
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from grpolab.algo.logprobs import entropy, fused_token_logprobs, token_logprobs
 from grpolab.models import shared_prompt as prompt_sharing
-from grpolab.models.padded_attention import from_padded, padded_maps, to_padded
+from grpolab.models.padded_attention import dummy_rows, from_padded, padded_count, padded_maps, to_padded
 from grpolab.models.row_attention import per_row_attention
 from grpolab.rollout.types import position_ids
 
@@ -416,10 +416,6 @@ def packed_grouped_completion_logprobs(model, input_ids, attention_mask, prompt_
     return _unpack(logp, scored), (_unpack(ent, scored) if ent is not None else None)
 
 
-_DUMMY_ROW_TOKENS = 64
-"""The longest dummy row `_packed_forward` appends (they stay short rows for the padded attention)."""
-
-
 def _packed_forward(model, ids, positions, rows, predictors, compute_dtype, groups=None) -> torch.Tensor:
     """The model's logits [S, V] at `predictors` [S] of one padding-free row: tokens `ids` [T] at
     `positions` [T], original rows of lengths `rows` (CPU; with `groups`, see `packed_rows`).
@@ -429,49 +425,18 @@ def _packed_forward(model, ids, positions, rows, predictors, compute_dtype, grou
     every new size (about as long as the product itself on the bench fixture) and keeps it, up to
     a thousand sizes per cache (an RSS that grew by 50-70 MB a step, bench/README.md)."""
     s = predictors.numel()
-    lengths = _dummy_rows(ids.numel(), s, int(rows.max()) if rows.numel() else _DUMMY_ROW_TOKENS)
-    extra = sum(lengths)
-    if extra:
-        dummy = torch.arange(extra, device=ids.device)
-        starts = torch.tensor([0] + lengths[:-1]).cumsum(0).repeat_interleave(torch.tensor(lengths))
-        ids, positions = torch.cat([ids, torch.zeros_like(dummy)]), torch.cat([positions, dummy - starts])
-        rows = torch.cat([rows, torch.tensor(lengths)])
-        if groups is not None:  # the dummy rows are original rows of their own
-            expand, collapse = groups
-            groups = (torch.cat([expand, collapse.numel() + dummy]), torch.cat([collapse, expand.numel() + dummy]))
+    lengths = dummy_rows(ids.numel(), s, int(rows.max()) if rows.numel() else 0)
+    dummy = torch.arange(sum(lengths), device=ids.device)  # at least one token
+    starts = torch.tensor([0] + lengths[:-1]).cumsum(0).repeat_interleave(torch.tensor(lengths))
+    ids, positions = torch.cat([ids, torch.zeros_like(dummy)]), torch.cat([positions, dummy - starts])
+    rows = torch.cat([rows, torch.tensor(lengths)])
+    if groups is not None:  # the dummy rows are original rows of their own
+        expand, collapse = groups
+        groups = (torch.cat([expand, collapse.numel() + dummy]), torch.cat([collapse, expand.numel() + dummy]))
     keep = torch.cat([predictors, predictors[-1:].expand(padded_count(s) - s)]) if s else predictors
     with packed_rows(rows, groups), autocast(compute_dtype, str(ids.device)):
         out = model(input_ids=ids[None], position_ids=positions[None], use_cache=False, logits_to_keep=keep)
     return out.logits[0, :s]
-
-
-def padded_count(n: int) -> int:
-    """`n` rounded up to one of 16 sizes per power of two: at most 1/16 more, or up to 7 more below
-    128 (sizes are multiples of 8); 0 stays 0."""
-    step = _padded_step(n)
-    return -(-n // step) * step
-
-
-def _padded_step(n: int) -> int:
-    """The multiple `padded_count` rounds `n` up to."""
-    return max(8, 1 << max(n.bit_length() - 5, 0))
-
-
-def _dummy_rows(tokens: int, predictors: int, longest: int) -> list[int]:
-    """The lengths of the dummy rows `_packed_forward` appends to `tokens` real tokens so that
-    their count is a `padded_count` size above `padded_count(predictors)`.
-
-    None is longer than the `longest` real row, or 16 (a longer one would lengthen every row of the
-    padded attention: more work and a new set of oneDNN kernels), and their number depends only on
-    the padding step and `longest`, not on how many tokens are missing, unless the predictors
-    force more: the padded attention then sees a few row counts, not one per microbatch."""
-    width = max(16, min(_DUMMY_ROW_TOKENS, longest))
-    count = -(-2 * _padded_step(tokens) // (width - 1))  # enough for any shortfall below two steps
-    # more tokens than predictors after padding too: torch.compile's duck sizing would otherwise tie
-    # the two sizes together in its guards when they first happen to be equal, and recompile later
-    extra = padded_count(max(tokens + count, padded_count(predictors) + 1)) - tokens
-    count = max(count, -(-extra // width))
-    return [extra // count + (i < extra % count) for i in range(count)]
 
 
 def _require_sdpa(model, option: str) -> None:

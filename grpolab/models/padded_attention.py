@@ -14,6 +14,9 @@ as tensors, so torch.compile keeps one graph whatever the rows are. The two layo
 traced forward (inductor fuses the gathers with their neighbours) and have custom operators as
 backward (an index add, an index copy): traced as index ops, inductor fuses such a backward with
 its neighbours' into slow kernels of index arithmetic (see `shared_prompt.to_rows`).
+
+The packed row itself is padded to few sizes (`padded_count`, with `dummy_rows`): in bf16 on a
+CPU, oneDNN builds a kernel for every matrix size it meets and keeps it (bench/README.md).
 """
 
 from __future__ import annotations
@@ -120,3 +123,38 @@ class _FromPadded(torch.autograd.Function):
 def from_padded(out: Tensor, scatter: Tensor) -> Tensor:
     """[n, L, H, D] slot outputs -> [1, K, H, D] contiguous: packed token k gets slot scatter[k]."""
     return _FromPadded.apply(out, scatter)
+
+
+_DUMMY_ROW_TOKENS = 64
+"""The longest dummy row `forward._packed_forward` appends (they stay short rows for the padded attention)."""
+
+
+def padded_count(n: int) -> int:
+    """`n` rounded up to one of 16 sizes per power of two: at most 1/16 more, or up to 7 more below
+    128 (sizes are multiples of 8); 0 stays 0."""
+    step = _padded_step(n)
+    return -(-n // step) * step
+
+
+def _padded_step(n: int) -> int:
+    """The multiple `padded_count` rounds `n` up to."""
+    return max(8, 1 << max(n.bit_length() - 5, 0))
+
+
+def dummy_rows(tokens: int, predictors: int, longest: int) -> list[int]:
+    """The lengths of the dummy rows (token 0, rows of their own) `forward._packed_forward` appends
+    to a packed row of `tokens` real tokens so that their count is a `padded_count` size above
+    `padded_count(predictors)`.
+
+    None is longer than the `longest` real row, unless that is under 16 tokens, nor than 64 (a
+    longer one would widen every row of the padded attention: more work and a new set of oneDNN
+    kernels), and their number depends only on the padding step and `longest`, not on how many
+    tokens are missing, unless the predictors force more: the padded attention then sees a few row
+    counts, not one per microbatch."""
+    width = max(16, min(_DUMMY_ROW_TOKENS, longest))
+    count = -(-2 * _padded_step(tokens) // (width - 1))  # enough for any shortfall below two steps
+    # more tokens than predictors after padding too: torch.compile's duck sizing would otherwise tie
+    # the two sizes together in its guards when they first happen to be equal, and recompile later
+    extra = padded_count(max(tokens + count, padded_count(predictors) + 1)) - tokens
+    count = max(count, -(-extra // width))
+    return [extra // count + (i < extra % count) for i in range(count)]

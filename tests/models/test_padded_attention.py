@@ -1,5 +1,5 @@
 """The padded attention of a padding-free batch's short rows (models/padded_attention.py) and the
-padding of the packed row to few sizes (forward.padded_count)."""
+padding of the packed row to few sizes (padded_count, dummy_rows)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from grpolab.models import forward
-from grpolab.models.forward import completion_logprobs, padded_count, short_attention
+from grpolab.models.forward import completion_logprobs, short_attention
 from grpolab.models.padded_attention import (
+    dummy_rows,
     from_padded,
     from_padded_backward,
+    padded_count,
     padded_maps,
     to_padded,
     to_padded_backward,
@@ -125,7 +127,7 @@ def test_dummy_rows_fill_to_a_padded_size_no_longer_than_the_rows_and_as_many_fo
     counts = set()
     for tokens in range(1024, 2048):  # one padding step (64)
         for predictors in (0, tokens // 2, tokens - 1, tokens):
-            rows = forward._dummy_rows(tokens, predictors, longest)
+            rows = dummy_rows(tokens, predictors, longest)
             total = tokens + sum(rows)
             assert total == padded_count(total) and total > padded_count(predictors), (tokens, predictors)
             assert 1 <= min(rows) and max(rows) <= width, (tokens, predictors, rows)

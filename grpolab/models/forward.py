@@ -427,7 +427,8 @@ def _packed_forward(model, ids, positions, rows, predictors, compute_dtype, grou
     s = predictors.numel()
     lengths = dummy_rows(ids.numel(), s, int(rows.max()) if rows.numel() else 0)
     dummy = torch.arange(sum(lengths), device=ids.device)  # at least one token
-    starts = torch.tensor([0] + lengths[:-1]).cumsum(0).repeat_interleave(torch.tensor(lengths))
+    starts = torch.tensor([0] + lengths[:-1], device=ids.device).cumsum(0).repeat_interleave(
+        torch.tensor(lengths, device=ids.device))  # each dummy row's first place
     ids, positions = torch.cat([ids, torch.zeros_like(dummy)]), torch.cat([positions, dummy - starts])
     rows = torch.cat([rows, torch.tensor(lengths)])
     if groups is not None:  # the dummy rows are original rows of their own

@@ -276,16 +276,16 @@ def use_fast_cpu_attention(model: torch.nn.Module, compute_dtype: torch.dtype | 
 
 
 @contextlib.contextmanager
-def packed_rows(rows, groups=None):
+def packed_rows(rows, groups=None, device="cpu"):
     """Within this block, forwards of models on `FAST_CPU_ATTENTION` treat their single input row as
     `rows` back-to-back sequences (lengths: a sequence of ints or an int tensor on the CPU, summing
     to the row's width). groups: the (expand, collapse) maps of `shared_prompt.packed_group_layout`
     when the row holds each group's prompt once (the rows are then the original rows, see
-    `shared_prompt.packed_groups`). Rows of at most SHORT_ATTENTION_MAX_TOKENS on a CPU get the
-    index maps of the padded attention (`padded_attention.padded_maps`)."""
+    `shared_prompt.packed_groups`). Rows of at most SHORT_ATTENTION_MAX_TOKENS forwarded on a CPU
+    (`device`, the row's) get the index maps of the padded attention (`padded_attention.padded_maps`)."""
     global _PACKED_LENGTHS, _PADDED_MAPS
     lengths = torch.as_tensor(rows, dtype=torch.int64)
-    on_cpu = all(t.device.type == "cpu" for t in groups or ())
+    on_cpu = torch.device(device).type == "cpu"
     short = on_cpu and lengths.numel() > 0 and int(lengths.max()) <= SHORT_ATTENTION_MAX_TOKENS
     previous = _PACKED_LENGTHS, _PADDED_MAPS
     _PACKED_LENGTHS = lengths
@@ -427,15 +427,14 @@ def _packed_forward(model, ids, positions, rows, predictors, compute_dtype, grou
     s = predictors.numel()
     lengths = dummy_rows(ids.numel(), s, int(rows.max()) if rows.numel() else 0)
     dummy = torch.arange(sum(lengths), device=ids.device)  # at least one token
-    starts = torch.tensor([0] + lengths[:-1], device=ids.device).cumsum(0).repeat_interleave(
-        torch.tensor(lengths, device=ids.device))  # each dummy row's first place
-    ids, positions = torch.cat([ids, torch.zeros_like(dummy)]), torch.cat([positions, dummy - starts])
+    ids = torch.cat([ids, torch.zeros_like(dummy)])
+    positions = torch.cat([positions, *(torch.arange(n, device=ids.device) for n in lengths)])
     rows = torch.cat([rows, torch.tensor(lengths)])
     if groups is not None:  # the dummy rows are original rows of their own
         expand, collapse = groups
         groups = (torch.cat([expand, collapse.numel() + dummy]), torch.cat([collapse, expand.numel() + dummy]))
     keep = torch.cat([predictors, predictors[-1:].expand(padded_count(s) - s)]) if s else predictors
-    with packed_rows(rows, groups), autocast(compute_dtype, str(ids.device)):
+    with packed_rows(rows, groups, ids.device), autocast(compute_dtype, str(ids.device)):
         out = model(input_ids=ids[None], position_ids=positions[None], use_cache=False, logits_to_keep=keep)
     return out.logits[0, :s]
 

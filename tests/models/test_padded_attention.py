@@ -110,6 +110,16 @@ def test_bf16_packed_forward_takes_the_padded_attention_and_fp32_does_not(model,
         assert not calls
 
 
+def test_packed_rows_builds_the_padded_maps_only_for_short_rows_on_a_cpu():
+    with forward.packed_rows(LENGTHS):
+        assert forward._PADDED_MAPS is not None
+    with forward.packed_rows(LENGTHS, device="cuda"):  # the padded attention is a CPU path
+        assert forward._PADDED_MAPS is None
+    with forward.packed_rows(torch.tensor([forward.SHORT_ATTENTION_MAX_TOKENS + 1, 3])):
+        assert forward._PADDED_MAPS is None
+    assert forward._PADDED_MAPS is None
+
+
 def test_padded_count_gives_few_sizes_and_little_padding():
     for n in range(1, 5000):
         c = padded_count(n)

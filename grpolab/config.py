@@ -56,8 +56,10 @@ class ModelConfig:
     gathered right-padded for two bf16 matmuls around a float32 softmax (models/padded_attention.py),
     longer ones run one SDPA call each. Same log-probs up to the compute dtype's rounding. The row is
     padded to one of 16 sizes per power of two (`padded_attention.padded_count`): oneDNN builds and
-    keeps a bf16 kernel per matrix size (about 6-10 MB of peak RSS each on the bench fixture). Pays when rows differ in length (SmolLM2-135M, bf16, 32 rows of 69 %
-    real tokens: forward+backward 4.1-4.3 vs 5.5-6.3 s). Needs SDPA attention (no sliding window).
+    keeps a bf16 kernel per matrix size (about 6-10 MB of peak RSS each on the bench fixture), so the
+    chunks of a pass get about equal real tokens (`models.buckets.balanced_buckets`), not rows of
+    similar length: one size per pass. Pays when rows differ in length (SmolLM2-135M, bf16, 32 rows
+    of 69 % real tokens: forward+backward 4.1-4.3 vs 5.5-6.3 s). Needs SDPA attention (no sliding window).
     Combines with model.compile: the row maps are graph inputs, so batches with other rows reuse the
     graph."""
     shared_prompt: bool = False

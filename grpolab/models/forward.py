@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from grpolab.algo.logprobs import entropy, fused_token_logprobs, token_logprobs
 from grpolab.models import shared_prompt as prompt_sharing
+from grpolab.models.buckets import buckets_for
 from grpolab.models.padded_attention import dummy_rows, from_padded, padded_count, padded_maps, to_padded
 from grpolab.models.row_attention import per_row_attention
 from grpolab.rollout.types import position_ids
@@ -467,7 +468,8 @@ def batched_logprobs(model, rollout, temperature: float, batch_size: int, comput
                      padding_free: bool = False, shared_prompt: bool = False) -> torch.Tensor:
     """No-grad log-probs of every completion token of a Rollout, in chunks of `batch_size` rows.
 
-    Rows are grouped by length (`length_buckets`) so that each chunk carries little padding.
+    Rows are chunked by `models.buckets.buckets_for`: of similar length (little padding per chunk),
+    or, padding-free, with about equal real tokens per chunk.
     Returns [N, Lc] float32 aligned with rollout.loss_mask (0 beyond each chunk's trimmed width).
     padding_free: each chunk forwards only its real tokens (`packed_completion_logprobs`).
     shared_prompt: chunks are whole groups, each prompt forwarded once per group
@@ -475,7 +477,7 @@ def batched_logprobs(model, rollout, temperature: float, batch_size: int, comput
     """
     n, lc = rollout.loss_mask.shape
     out = torch.zeros(n, lc, dtype=torch.float32, device=rollout.loss_mask.device)
-    buckets = prompt_sharing.group_buckets if shared_prompt else length_buckets
+    buckets = buckets_for(padding_free, shared_prompt)
     group_size = rollout.group_size if shared_prompt else None
     with autocast(compute_dtype, str(rollout.input_ids.device)):  # trainable weights cast once, not per chunk
         for idx in buckets(rollout, batch_size):
@@ -489,14 +491,3 @@ def batched_logprobs(model, rollout, temperature: float, batch_size: int, comput
 
         release_free_memory()
     return out
-
-
-def length_buckets(rollout, batch_size: int) -> list[torch.Tensor]:
-    """Row indices in chunks of `batch_size`, rows sorted by (completion length, prompt length).
-
-    `Rollout.select` trims the columns that are padding in every row of a chunk, so chunks of
-    similar lengths compute fewer padded positions. The sort is stable (ties keep row order).
-    Returns a list of int64 index tensors that together cover 0..N-1 once.
-    """
-    order = torch.sort(rollout.length_key, stable=True).indices
-    return list(order.split(batch_size))

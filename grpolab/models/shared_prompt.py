@@ -14,7 +14,7 @@ the padded forward; the log-probs agree up to the rounding of differently shaped
 
 The layout is built by `group_layout` and announced to the attention of models on grpolab's
 attention (`models.forward.FAST_CPU_ATTENTION`) by `grouped_rows`. Batches of rows are cut in
-whole groups (`group_buckets`).
+whole groups (`models.buckets`).
 
 With model.padding_free as well (`packed_group_layout`, `packed_groups`), the batch goes through
 the model as one row of its K distinct real tokens (each group's prompt once, then its completions'
@@ -279,22 +279,6 @@ def _to_rows_grad(ctx, grad):
 
 
 to_rows.register_autograd(_to_rows_grad, setup_context=_to_rows_setup)
-
-
-def group_buckets(rollout, batch_size: int) -> list[torch.Tensor]:
-    """Row indices in chunks of `batch_size` rows (a multiple of the group size), whole groups only.
-
-    Groups are sorted by (longest completion, prompt length), stable, so a chunk carries little
-    padding, as `models.forward.length_buckets` does for rows; each group's rows stay together and
-    in order. Returns int64 index tensors that together cover 0..N-1 once.
-    """
-    g = rollout.group_size
-    n = rollout.num_sequences
-    if batch_size % g or n % g:
-        raise ValueError(f"model.shared_prompt: batches of {batch_size} rows out of {n} are not whole groups of {g}")
-    order = torch.sort(rollout.length_key.view(n // g, g).amax(-1), stable=True).indices  # a group's longest row
-    rows = (order[:, None] * g + torch.arange(g, device=order.device)).flatten()
-    return list(rows.split(batch_size))
 
 
 def group_permutation(num_rows: int, group_size: int, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -64,8 +64,8 @@ def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
     """epochs × minibatches × microbatches; one optimizer step per minibatch.
 
     A minibatch is a random draw of rows (of whole groups with model.shared_prompt); its
-    microbatches group rows of similar length (`s.microbatches`), so less padding is computed. The
-    gradient is the minibatch's either way.
+    microbatches (`s.microbatches`) group rows of similar length, so less padding is computed, or,
+    padding-free, carry about equal real tokens. The gradient is the minibatch's either way.
 
     Without a Phase-A old_logp (one minibatch per epoch), epoch 0 forwards every row under π_old
     before its only optimizer step (old = new.detach(), ratio ≡ 1); those log-probs are kept as
@@ -81,7 +81,7 @@ def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
             normalizer = s.objective.normalizer(minibatch.loss_mask)  # fixed before splitting
             s.optimizer.zero_grad(set_to_none=True)
             loss_sum, logps = 0.0, []
-            micros = s.microbatches(minibatch, cfg.train.microbatch_size)  # similar lengths: less padding
+            micros = s.microbatches(minibatch, cfg.train.microbatch_size)  # similar lengths, or equal tokens
             for micro_idx in micros:
                 loss, stats = s.objective(s.train_model, minibatch.select(micro_idx), normalizer)
                 loss.backward()

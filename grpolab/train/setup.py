@@ -20,8 +20,8 @@ from grpolab.report.progress import Progress
 from grpolab.rewards.base import build_reward, probe_rewards
 from grpolab.rollout.hf import HFEngine, keep_freed_memory
 from grpolab.models.compiled import training_module
-from grpolab.models.forward import length_buckets
-from grpolab.models.shared_prompt import group_buckets, group_permutation
+from grpolab.models.buckets import buckets_for, length_buckets
+from grpolab.models.shared_prompt import group_permutation
 from grpolab.models.loading import frozen_copy
 from grpolab.train.objective import Objective, build_objective
 
@@ -179,8 +179,9 @@ class Setup:
     """Phase B's shuffle of a step's N rows, drawn from `shuffle_gen`: a random permutation [N]
     (whole groups together with model.shared_prompt)."""
     microbatches: Callable[[Any, int], list[torch.Tensor]] = length_buckets
-    """(minibatch, rows per microbatch) -> row indices per microbatch: rows of similar length
-    (`length_buckets`), or whole groups of similar length (`shared_prompt.group_buckets`)."""
+    """(minibatch, rows per microbatch) -> row indices per microbatch (`models.buckets.buckets_for`):
+    rows, or whole groups with model.shared_prompt, of similar length; padding-free, with about equal
+    real tokens per microbatch."""
 
     def __post_init__(self) -> None:
         if self.train_model is None:
@@ -275,7 +276,7 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     r = cfg.rollout
     grouped = {}
     if cfg.model.shared_prompt:  # Phase B forwards whole groups
-        grouped = dict(row_order=lambda n, gen: group_permutation(n, r.group_size, gen), microbatches=group_buckets)
+        grouped = dict(row_order=lambda n, gen: group_permutation(n, r.group_size, gen))
     return Setup(
         cfg=cfg, policy=policy, tokenizer=tokenizer,
         engine=HFEngine(tokenizer, r.max_new_tokens, r.temperature, r.top_p, r.top_k, dtype, compile=r.compile,
@@ -292,5 +293,6 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
         n_params=sum(p.numel() for p in policy.parameters()),
         train_model=training_module(policy, cfg.model.compile, cfg.model.compile_cpp_wrapper,
                               cfg.model.compile_scope),
+        microbatches=buckets_for(cfg.model.padding_free, cfg.model.shared_prompt),
         **grouped,
     )

@@ -14,7 +14,6 @@ from grpolab.models.forward import (
     batched_logprobs,
     completion_logprobs,
     decode_attention,
-    length_buckets,
     short_attention,
     use_fast_cpu_attention,
 )
@@ -164,15 +163,6 @@ def rollout(model_and_batch):
     tok = build_char_tokenizer()
     eng = HFEngine(tok, max_new_tokens=12)
     return eng.generate(model, ["1+1=", "12+34=", "7="], 4, generator=torch.Generator().manual_seed(0))
-
-
-def test_length_buckets_cover_rows_once_in_length_order(rollout):
-    chunks = length_buckets(rollout, 5)
-    assert [len(c) for c in chunks] == [5, 5, 2]
-    order = torch.cat(chunks)
-    assert sorted(order.tolist()) == list(range(rollout.num_sequences))
-    lengths = rollout.completion_lengths[order]
-    assert bool((lengths[1:] >= lengths[:-1]).all())
 
 
 def test_batched_logprobs_bucketed_equals_one_chunk(model_and_batch, rollout):

@@ -131,16 +131,6 @@ def test_a_model_without_sdpa_attention_is_rejected(tok, rollout):
         completion_logprobs(m, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, group_size=G)
 
 
-def test_group_buckets_cut_whole_groups_in_length_order(rollout):
-    chunks = shared_prompt.group_buckets(rollout, 2 * G)
-    rows = torch.cat(chunks)
-    assert sorted(rows.tolist()) == list(range(rollout.num_sequences))
-    groups = rows.view(-1, G)
-    assert bool((groups == groups[:, :1] + torch.arange(G)).all()) and bool((groups[:, 0] % G == 0).all())
-    longest = rollout.completion_lengths[rows].view(-1, G).amax(-1)
-    assert bool((longest[1:] >= longest[:-1]).all())
-
-
 def test_group_permutation_keeps_each_group_together():
     order = shared_prompt.group_permutation(24, 4, torch.Generator().manual_seed(0))
     assert sorted(order.tolist()) == list(range(24))

@@ -73,3 +73,24 @@ def test_train_keep_freed_memory_switches_the_heap_policy_at_setup(monkeypatch):
         policy = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=0)
         S.build_setup(cfg, policy=policy, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))
         assert len(calls) == int(keep)
+
+
+def test_padding_free_microbatches_carry_equal_tokens_padded_ones_similar_lengths():
+    import grpolab.train.setup as S
+    from grpolab import config as C
+    from grpolab.data.arith import ArithTask
+    from grpolab.data.stream import ArithStream
+    from grpolab.models.buckets import balanced_buckets, group_buckets, length_buckets
+    from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    for padding_free in (False, True):
+        for shared in (False, True):
+            cfg = C.from_preset("grpo", [f"model.padding_free={str(padding_free).lower()}", "run.tensorboard=false",
+                                         f"model.shared_prompt={str(shared).lower()}", "run.progress=false"])
+            policy = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+            s = S.build_setup(cfg, policy=policy, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))
+            if padding_free:
+                assert s.microbatches.func is balanced_buckets and s.microbatches.keywords == {"whole_groups": shared}
+            else:
+                assert s.microbatches is (group_buckets if shared else length_buckets)

@@ -253,6 +253,10 @@ def report(name: str, runs: dict[str, list[dict]]) -> dict:
         g, t = meds["grpolab"], meds["trl"]
         print(f"grpolab/TRL: steps/s x{t['step_s'] / g['step_s']:.2f}, generation x{t['generate'] / g['generate']:.2f}, "
               f"learn x{t['learn'] / g['learn']:.2f}, peak RSS {g['peak_rss_mb'] / t['peak_rss_mb']:.2f}")
+        pairs = [b["step_s"] / a["step_s"] for a, b in zip(runs["grpolab"], runs["trl"])]
+        rss = [max(r["peak_rss_mb"] for r in runs[side]) for side in ("grpolab", "trl")]
+        print("per pair (run i of each side): steps/s x" + ", x".join(f"{p:.2f}" for p in pairs)
+              + f"; largest peak RSS {rss[0]:.0f} / {rss[1]:.0f} MB")
     return meds
 
 
@@ -281,7 +285,8 @@ def speed(args) -> None:
                 med = summarize(spawn(side, w, args.steps, args.warmup, args.threads))
                 med["load"] = load
                 runs[side].append(med)
-                print(f"run {i + 1} {side:8} {dtype}: {med['step_s']:.3f} s/step (load {load:.1f})", flush=True)
+                print(f"run {i + 1} {side:8} {dtype}: {med['step_s']:.3f} s/step, peak RSS {med['peak_rss_mb']:.0f} MB "
+                      f"(load {load:.1f})", flush=True)
         out[dtype] = {"runs": runs, "median": None}
         out[dtype]["median"] = report(f"{args.model} {dtype}, P={w.prompts_per_step} G={w.group_size} "
                             f"L={w.max_new_tokens} mu={w.epochs} beta={w.beta}, {args.threads or 'default'} threads",

@@ -61,7 +61,8 @@ def balanced_buckets(rollout, batch_size: int, whole_groups: bool = False) -> li
     cost = tokens.sum(-1) - (g - 1) * prompt  # what a padding-free forward computes per unit
     per = batch_size // g
     sizes = [per] * (len(cost) // per) + ([len(cost) % per] if len(cost) % per else [])
-    return [_group_rows(units, g) for units in balanced_partition(cost, sizes)]
+    device = rollout.attention_mask.device  # as length_buckets' indices
+    return [_group_rows(units.to(device), g) for units in balanced_partition(cost, sizes)]
 
 
 def balanced_partition(cost: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:

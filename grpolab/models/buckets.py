@@ -44,7 +44,7 @@ def group_buckets(rollout, batch_size: int) -> list[torch.Tensor]:
     g = _check_groups(rollout, batch_size)
     n = rollout.num_sequences
     order = torch.sort(rollout.length_key.view(n // g, g).amax(-1), stable=True).indices  # a group's longest row
-    return list(_group_rows(order, g).split(batch_size))
+    return list(group_rows(order, g).split(batch_size))
 
 
 def balanced_buckets(rollout, batch_size: int, whole_groups: bool = False) -> list[torch.Tensor]:
@@ -62,7 +62,7 @@ def balanced_buckets(rollout, batch_size: int, whole_groups: bool = False) -> li
     per = batch_size // g
     sizes = [per] * (len(cost) // per) + ([len(cost) % per] if len(cost) % per else [])
     device = rollout.attention_mask.device  # as length_buckets' indices
-    return [_group_rows(units.to(device), g) for units in balanced_partition(cost, sizes)]
+    return [group_rows(units.to(device), g) for units in balanced_partition(cost, sizes)]
 
 
 def balanced_partition(cost: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
@@ -99,6 +99,7 @@ def _check_groups(rollout, batch_size: int) -> int:
     return g
 
 
-def _group_rows(groups: torch.Tensor, g: int) -> torch.Tensor:
-    """[k] group indices -> [k·g] their rows, each group's together and in order."""
+def group_rows(groups: torch.Tensor, g: int) -> torch.Tensor:
+    """[k] group indices (groups of g consecutive rows) -> [k·g] int64 their rows, each group's together
+    and in order."""
     return (groups[:, None] * g + torch.arange(g, device=groups.device)).flatten()

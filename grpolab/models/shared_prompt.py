@@ -32,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from grpolab.models.buckets import group_rows
 from grpolab.rollout.types import position_ids
 
 # The attention masks of the grouped forward in progress (`grouped_rows`): (prompt [U, 1, Lp, Lp],
@@ -283,5 +284,4 @@ to_rows.register_autograd(_to_rows_grad, setup_context=_to_rows_setup)
 
 def group_permutation(num_rows: int, group_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """A random order of whole groups: [num_rows] int64, each group's rows together and in order."""
-    groups = torch.randperm(num_rows // group_size, generator=generator)
-    return (groups[:, None] * group_size + torch.arange(group_size)).flatten()
+    return group_rows(torch.randperm(num_rows // group_size, generator=generator), group_size)

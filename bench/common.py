@@ -187,9 +187,10 @@ def peak_rss_mb() -> float:
 
 
 def cpu_description(cpuinfo: str | None = None) -> str:
-    """The CPU model and the bf16 matrix instructions it has (Linux /proc/cpuinfo), e.g.
-    "AMD EPYC (avx512_bf16)". The bf16 GEMM peak, and so every "fraction of peak", depends on them:
-    on this project's VMs an AMX host measured 520-660 GFLOP/s on 2 cores, an AVX512-BF16 one 360-400."""
+    """The CPU model, the bf16 matrix instructions it has and its widest vector unit (Linux
+    /proc/cpuinfo), e.g. "AMD EPYC (avx512_bf16; avx512f)". The GEMM peaks, and so every "fraction of
+    peak", depend on them: on this project's VMs an AMX host measured 520-660 bf16 GFLOP/s on 2 cores,
+    an AVX512-BF16 one 360-400; an AVX2-only one (no bf16: emulated, ~1 GFLOP/s) 175 fp32 GFLOP/s."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -201,7 +202,9 @@ def cpu_description(cpuinfo: str | None = None) -> str:
     fields = {key.strip(): value.strip() for key, value in pairs}  # the last CPU's
     flags = set(fields.get("flags", "").split())
     bf16 = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
-    return f"{fields.get('model name', 'unknown CPU')} ({', '.join(bf16) or 'no bf16 matrix instructions'})"
+    simd = next((f for f in ("avx512f", "avx2") if f in flags), "")  # the widest fp32 vector unit
+    return (f"{fields.get('model name', 'unknown CPU')} ({', '.join(bf16) or 'no bf16 matrix instructions'}"
+            f"{'; ' + simd if simd else ''})")
 
 
 def set_threads(n: int) -> None:

@@ -19,9 +19,10 @@ flags\t\t: fpu sse2 avx512f avx512_bf16 amx_bf16 amx_tile
 
 
 def test_cpu_description_names_the_model_and_its_bf16_matrix_instructions():
-    assert cpu_description(_CPUINFO) == "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz (amx_bf16, avx512_bf16)"
-    no_bf16 = _CPUINFO.replace(" avx512_bf16 amx_bf16", "")
-    assert cpu_description(no_bf16).endswith("(no bf16 matrix instructions)")
+    assert cpu_description(_CPUINFO) == "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz (amx_bf16, avx512_bf16; avx512f)"
+    avx2_only = _CPUINFO.replace("avx512f avx512_bf16 amx_bf16", "avx2")
+    assert cpu_description(avx2_only).endswith("(no bf16 matrix instructions; avx2)")
+    assert cpu_description(_CPUINFO.replace("avx512f avx512_bf16 amx_bf16", "")).endswith("(no bf16 matrix instructions)")
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").is_file(), reason="no /proc/cpuinfo (not Linux)")

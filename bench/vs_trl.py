@@ -315,7 +315,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
-    p.add_argument("--dtype", nargs="+", choices=("float32", "bfloat16"), default=["float32", "bfloat16"])
+    p.add_argument("--dtype", nargs="+", choices=("float32", "bfloat16"), default=None,
+                   help="default: float32, and bfloat16 where this CPU has native bf16 (AVX512-BF16, AMX)")
     p.add_argument("--runs", type=int, default=3, help="runs per side (alternating)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per run")
@@ -353,7 +354,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--side", default="grpolab", help=argparse.SUPPRESS)
     p.add_argument("--workload", default="", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.dtype is None:
+        args.dtype = default_dtypes()
+    return args
+
+
+def default_dtypes() -> list[str]:
+    """float32, and bfloat16 where the CPU computes it natively: elsewhere (an AVX2-only CPU) torch
+    emulates bf16 and both sides' steps take 20-50x longer than in float32 (bench/README.md)."""
+    from grpolab.models.loading import cpu_supports_bf16
+
+    return ["float32", "bfloat16"] if cpu_supports_bf16() else ["float32"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

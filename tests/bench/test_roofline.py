@@ -5,6 +5,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+import grpolab.models.loading as loading
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
@@ -41,3 +44,20 @@ def test_phases_are_reported_against_the_run_peak_and_the_local_peak(capsys, mon
         # the printed rate is rounded to 0.05 GFLOP/s and each percentage to 0.05 points.
         assert float(cols[4].rstrip("%")) == pytest.approx(rate / 200 * 100, abs=0.05 / 200 * 100 + 0.051), name
         assert float(cols[5].rstrip("%")) == pytest.approx(rate / 50 * 100, abs=0.05 / 50 * 100 + 0.051), name
+
+
+def test_without_native_bf16_only_the_fp32_peak_is_measured(capsys, monkeypatch):
+    # an emulated bf16 GEMM of 2048³ takes ~15 s a call on an AVX2-only CPU: a float32 run there
+    # measures the fp32 peak alone
+
+    measured = []
+    monkeypatch.setattr(loading, "cpu_supports_bf16", lambda: False)
+    monkeypatch.setattr(roofline, "gemm_peak", lambda dtype, *a, **k: measured.append(dtype) or 100e9)
+    roofline.run(roofline.parse_args(["--dtype", "float32", "--peak-only"]))
+    assert measured == [torch.float32]
+    assert "bf16 not measured" in capsys.readouterr().out
+    monkeypatch.setattr(loading, "cpu_supports_bf16", lambda: True)
+    measured.clear()
+    roofline.run(roofline.parse_args(["--dtype", "float32", "--peak-only"]))
+    assert measured == [torch.float32, torch.bfloat16]
+

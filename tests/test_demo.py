@@ -18,7 +18,7 @@ def test_demo_quick_gains_and_writes_the_run_directory(tmp_path, capsys):
     assert after["accuracy"] - before["accuracy"] >= 0.10, (before, after)
     # Refusal: the quick run's 120 steps do not move it reliably. Its gain depends on the CPU's float
     # rounding (AVX-512 hosts measured >= +0.15; an AVX2-only host +0.088: missing operands 0.45 ->
-    # 0.57, division by zero 0 -> 0); the full demo's 400 steps are where refusal is learned. Here:
+    # 0.57, division by zero 0 -> 0); the full demo runs 400 steps. Here:
     # the accuracy gain did not cost refusals, and it did not come from refusing answerable prompts.
     assert after["refusal_recall"] >= before["refusal_recall"], (before, after)
     assert after["false_refusal"] <= 0.10

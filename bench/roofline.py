@@ -1,6 +1,7 @@
 """How close a grpolab step comes to this CPU's measured GEMM peak, phase by phase.
 
     python bench/roofline.py                              # tiny fixture, bf16, peak in fp32 and bf16
+    python bench/roofline.py --dtype float32              # a CPU without native bf16: fp32 peak only
     python bench/roofline.py --model smollm2 --prompts 4 --microbatch 32 --steps 2 --lr 1e-5 --padding-free
     python bench/roofline.py --peak-only
 

@@ -49,7 +49,6 @@ def test_phases_are_reported_against_the_run_peak_and_the_local_peak(capsys, mon
 def test_without_native_bf16_only_the_fp32_peak_is_measured(capsys, monkeypatch):
     # an emulated bf16 GEMM of 2048³ takes ~15 s a call on an AVX2-only CPU: a float32 run there
     # measures the fp32 peak alone
-
     measured = []
     monkeypatch.setattr(loading, "cpu_supports_bf16", lambda: False)
     monkeypatch.setattr(roofline, "gemm_peak", lambda dtype, *a, **k: measured.append(dtype) or 100e9)
@@ -60,4 +59,3 @@ def test_without_native_bf16_only_the_fp32_peak_is_measured(capsys, monkeypatch)
     measured.clear()
     roofline.run(roofline.parse_args(["--dtype", "float32", "--peak-only"]))
     assert measured == [torch.float32, torch.bfloat16]
-

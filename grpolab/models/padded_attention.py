@@ -12,8 +12,8 @@ The gathers copy a few MB; the linear layers keep their padding-free savings.
 The index maps (`padded_maps`) are built on the host once per forward and reach the traced code
 as tensors, so torch.compile keeps one graph whatever the rows are. The two layout changes are
 traced forward (inductor fuses the gathers with their neighbours) and have custom operators as
-backward (an index add, an index copy): traced as index ops, inductor fuses such a backward with
-its neighbours' into slow kernels of index arithmetic (see `shared_prompt.to_rows`).
+backward (an index add, an index copy): traced as index ops, inductor fused such a backward with
+its neighbours' into slow kernels of index arithmetic (bf16, bench/README.md, sixteenth session).
 
 The packed row itself is padded to few sizes (`padded_count`, with `dummy_rows`): in bf16 on a
 CPU, oneDNN builds a kernel for every matrix size it meets and keeps it (bench/README.md).

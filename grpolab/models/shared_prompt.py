@@ -35,11 +35,14 @@ import torch
 from grpolab.models.buckets import group_rows
 from grpolab.rollout.types import position_ids
 
-# The attention masks of the grouped forward in progress (`grouped_rows`): (prompt [U, 1, Lp, Lp],
-# completions [U·G, 1, Lc, Lp + Lc]), bool, True = attend; None outside one. A module global read by
-# `models.forward.sdpa_fp32_grad_attention` (like its `_PACKED_LENGTHS`): torch.compile sees graph
-# inputs whose shapes give U, G, Lp and Lc, so new widths reuse the compiled graphs.
-GROUP_MASKS: tuple[torch.Tensor, torch.Tensor] | None = None
+# The grouped forward in progress (`grouped_rows`): its attention masks (prompt [U, 1, Lp, Lp],
+# completions [U·G, 1, Lc, Lp + Lc]; bool, True = attend) and G, a Python int; None outside one. A
+# module global read by `models.forward.sdpa_fp32_grad_attention` (like its `_PACKED_LENGTHS`):
+# torch.compile sees graph inputs whose shapes give U, Lp and Lc, so new widths and group counts
+# reuse the compiled graphs, and G as a constant (one per run). G must not be a size torch.compile
+# derives (U·G // U): the layout change's index arithmetic would then divide by symbolic sizes at
+# every element (see `split_attention`).
+GROUP_MASKS: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,8 @@ def _announced(name: str, value):
 
 def grouped_rows(layout: GroupLayout):
     """Within this block, forwards of models on grpolab's attention take their rows in `layout`'s form."""
-    return _announced("GROUP_MASKS", (layout.prompt_attend, layout.completion_attend))
+    group_size = layout.completion_attend.shape[0] // layout.prompt_attend.shape[0]
+    return _announced("GROUP_MASKS", (layout.prompt_attend, layout.completion_attend, group_size))
 
 
 # The index maps of the padding-free grouped forward in progress (`packed_groups`): (expand [R],
@@ -199,22 +203,24 @@ def split_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     [B, 1, Lq, Lk]) returning [B, Lq, H, D]. It runs twice: the prompts against themselves, and
     the U·G completions against [their prompt's keys | their own keys]. Returns [U, Lp + G·Lc, H, D].
     """
-    prompt_attend, completion_attend = GROUP_MASKS
+    # G is the announced int, Lc the mask's own size: with G = U·G // U (sizes torch.compile derives),
+    # Lc became (width - Lp) // (U·G // U), and inductor indexed the backward's copy of the
+    # completions' output gradient by floor divisions and modulos of those symbols, element by
+    # element: 9.5 ms per layer and microbatch on the fixture (float32, AVX2 host, torch 2.13), a
+    # seventh of its whole compiled forward + backward.
+    prompt_attend, completion_attend, g = GROUP_MASKS
     u, h, _, d = query.shape
-    lp = prompt_attend.shape[-1]
-    n, lc = completion_attend.shape[0], completion_attend.shape[2]
-    g = n // u
+    lp, lc = prompt_attend.shape[-1], completion_attend.shape[2]
     assert query.shape[2] == lp + g * lc, f"grouped rows of {query.shape[2]} columns vs masks for {lp} + {g}·{lc}"
 
-    layout = to_rows if torch.is_grad_enabled() else _rows  # see `to_rows`
-    rows_q = layout(query, lp, g, False)  # [U·G, H, Lc, D]
-    rows_k, rows_v = layout(key, lp, g, True), layout(value, lp, g, True)  # [U·G, Hkv, Lp + Lc, D]
+    rows_q = to_rows(query, lp, g, False)  # [U·G, H, Lc, D]
+    rows_k, rows_v = to_rows(key, lp, g, True), to_rows(value, lp, g, True)  # [U·G, Hkv, Lp + Lc, D]
     out_prompt = attend(query[:, :, :lp], key[:, :, :lp], value[:, :, :lp], prompt_attend)  # [U, Lp, H, D]
     out_rows = attend(rows_q, rows_k, rows_v, completion_attend)  # [U·G, Lc, H, D]
     return torch.cat([out_prompt, out_rows.reshape(u, g * lc, h, d)], 1)
 
 
-def _rows(x: torch.Tensor, prompt_len: int, group_size: int, with_prompt: bool) -> torch.Tensor:
+def to_rows(x: torch.Tensor, prompt_len: int, group_size: int, with_prompt: bool) -> torch.Tensor:
     """Grouped columns [U, H, Lp + G·Lc, D] -> rows [U·G, H, Lc, D] (completion g of group u is row
     u·G + g); with_prompt: each row starts with its group's Lp prompt columns ([U·G, H, Lp + Lc, D])."""
     u, h, width, d = x.shape
@@ -225,61 +231,6 @@ def _rows(x: torch.Tensor, prompt_len: int, group_size: int, with_prompt: bool) 
         return rows
     prompt = x[:, None, :, :lp].expand(u, g, h, lp, d).reshape(u * g, h, lp, d)
     return torch.cat([prompt, rows], 2)
-
-
-# With a gradient, the layout change is an operator of its own (`to_rows`), so that torch.compile keeps
-# it out of its fused kernels: traced as views, its backward (a sum over the G copies of the prompt's
-# keys, a transposition back) fused with the rotary embedding's backward into kernels of index
-# arithmetic on symbolic sizes, 6-7 ms per layer where the fixture's whole padded backward graph takes
-# 13 ms (this machine, torch 2.13, model.compile_scope=model; forward + backward of a microbatch 1.33x
-# the padded one's time, with the operator 1.0x). Without a gradient the traced views fuse well (the
-# no-grad forward 0.94x the padded one's time, with the operator 1.07x), so `split_attention` uses them.
-@torch.library.custom_op("grpolab::group_to_rows", mutates_args=())
-def to_rows(x: torch.Tensor, prompt_len: int, group_size: int, with_prompt: bool) -> torch.Tensor:
-    """`_rows` as an operator with its own backward (`_to_rows_backward`); never a view of x."""
-    rows = _rows(x, prompt_len, group_size, with_prompt)
-    aliases = rows.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
-    return rows.clone(memory_format=torch.contiguous_format) if aliases else rows.contiguous()
-
-
-@to_rows.register_fake
-def _(x, prompt_len, group_size, with_prompt):
-    u, h, width, d = x.shape
-    lc = (width - prompt_len) // group_size
-    return x.new_empty(u * group_size, h, lc + (prompt_len if with_prompt else 0), d)
-
-
-@torch.library.custom_op("grpolab::group_to_rows_backward", mutates_args=())
-def _to_rows_backward(grad: torch.Tensor, prompt_len: int, group_size: int, with_prompt: bool) -> torch.Tensor:
-    """The gradient of `to_rows` with respect to its grouped input: [U, H, Lp + G·Lc, D]."""
-    n, h, cols, d = grad.shape
-    lp, g = prompt_len, group_size
-    u = n // g
-    lc = cols - (lp if with_prompt else 0)
-    rows = grad[:, :, cols - lc:].reshape(u, g, h, lc, d).transpose(1, 2).reshape(u, h, g * lc, d)
-    if with_prompt:
-        prompt = grad[:, :, :lp].reshape(u, g, h, lp, d).sum(1)
-    else:
-        prompt = grad.new_zeros(u, h, lp, d)
-    return torch.cat([prompt, rows], 2)
-
-
-@_to_rows_backward.register_fake
-def _(grad, prompt_len, group_size, with_prompt):
-    n, h, cols, d = grad.shape
-    lc = cols - (prompt_len if with_prompt else 0)
-    return grad.new_empty(n // group_size, h, prompt_len + group_size * lc, d)
-
-
-def _to_rows_setup(ctx, inputs, output):
-    ctx.layout = inputs[1:]
-
-
-def _to_rows_grad(ctx, grad):
-    return _to_rows_backward(grad, *ctx.layout), None, None, None
-
-
-to_rows.register_autograd(_to_rows_grad, setup_context=_to_rows_setup)
 
 
 def group_permutation(num_rows: int, group_size: int, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -365,7 +365,7 @@ def packed_completion_logprobs(model, input_ids, attention_mask, prompt_len, tem
     n, width = input_ids.shape
     real = attention_mask.bool()
     _check_packable(real, prompt_len)
-    _require_sdpa(model, "model.padding_free")
+    require_sdpa(model, "model.padding_free")
     lengths = real.sum(-1)
     packed_index = (real.flatten().cumsum(0) - 1).view(n, width)  # each real token's place in the packed row
     scored = real[:, prompt_len:]  # the completion tokens that get a log-prob
@@ -385,7 +385,7 @@ def grouped_completion_logprobs(model, input_ids, attention_mask, prompt_len, gr
     The model must run SDPA attention (it is switched to `FAST_CPU_ATTENTION`); else ValueError.
     """
     layout = prompt_sharing.group_layout(input_ids, attention_mask, prompt_len, group_size)
-    _require_sdpa(model, "model.shared_prompt")
+    require_sdpa(model, "model.shared_prompt")
     with prompt_sharing.grouped_rows(layout), autocast(compute_dtype, str(input_ids.device)):
         out = model(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False,
                     logits_to_keep=layout.predictors)
@@ -409,7 +409,7 @@ def packed_grouped_completion_logprobs(model, input_ids, attention_mask, prompt_
     prompt (`packed_attention` on copies gathered by index). Same returns; padded columns get 0."""
     _check_packable(attention_mask.bool(), prompt_len)
     layout = prompt_sharing.packed_group_layout(input_ids, attention_mask, prompt_len, group_size)
-    _require_sdpa(model, "model.shared_prompt")
+    require_sdpa(model, "model.shared_prompt")
     logits = _packed_forward(model, layout.input_ids[0], layout.position_ids[0], layout.row_lengths.cpu(),
                              layout.predictors, compute_dtype, (layout.expand, layout.collapse))
     scored = layout.scored
@@ -440,8 +440,10 @@ def _packed_forward(model, ids, positions, rows, predictors, compute_dtype, grou
     return out.logits[0, :s]
 
 
-def _require_sdpa(model, option: str) -> None:
-    """Switches `model` to `FAST_CPU_ATTENTION`; ValueError naming `option` if it does not run SDPA."""
+def require_sdpa(model, option: str) -> None:
+    """Switches `model` to `FAST_CPU_ATTENTION`; ValueError naming `option` if it does not run SDPA.
+    Idempotent; the training setup calls it before the first rollout (a compiled decode step traced
+    before the switch would compile again at the next rollout)."""
     if not _switch_attention(model):
         raise ValueError(f"{option} needs a model with SDPA attention (attn_implementation='sdpa'); "
                          f"this one runs {getattr(getattr(model, 'config', None), '_attn_implementation', None)!r}")

@@ -20,6 +20,7 @@ from grpolab.report.progress import Progress
 from grpolab.rewards.base import build_reward, probe_rewards
 from grpolab.rollout.hf import HFEngine, keep_freed_memory
 from grpolab.models.compiled import training_module
+from grpolab.models.forward import require_sdpa
 from grpolab.models.buckets import buckets_for, length_buckets
 from grpolab.models.shared_prompt import group_permutation
 from grpolab.models.loading import frozen_copy
@@ -256,6 +257,8 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     if policy is None:
         policy, tokenizer = load_policy(cfg)
     policy.train()
+    if cfg.model.padding_free or cfg.model.shared_prompt:  # switched now, not at the first log-prob pass
+        require_sdpa(policy, "model.padding_free" if cfg.model.padding_free else "model.shared_prompt")
     dtype = resolve_compute_dtype(cfg.model.dtype, cfg.model.device)
     if prompts is None:
         from grpolab.data.build import prompt_stream

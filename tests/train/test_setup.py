@@ -94,3 +94,28 @@ def test_padding_free_microbatches_carry_equal_tokens_padded_ones_similar_length
                 assert s.microbatches.func is balanced_buckets and s.microbatches.keywords == {"whole_groups": shared}
             else:
                 assert s.microbatches is (group_buckets if shared else length_buckets)
+
+
+def test_padding_free_and_shared_prompt_switch_the_attention_before_the_first_rollout():
+    """A compiled decode step traced before the switch would compile again at the next rollout; a
+    policy without SDPA attention is refused at setup, naming the option."""
+    import pytest
+
+    import grpolab.train.setup as S
+    from grpolab import config as C
+    from grpolab.data.arith import ArithTask
+    from grpolab.data.stream import ArithStream
+    from grpolab.models.forward import FAST_CPU_ATTENTION
+    from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    for option in ("", "model.padding_free", "model.shared_prompt"):
+        cfg = C.from_preset("grpo", ["run.tensorboard=false", "run.progress=false"] + ([f"{option}=true"] if option else []))
+        policy = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+        assert policy.config._attn_implementation == "sdpa"
+        S.build_setup(cfg, policy=policy, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))
+        assert (policy.config._attn_implementation == FAST_CPU_ATTENTION) == bool(option)
+        if option:
+            policy.set_attn_implementation("eager")
+            with pytest.raises(ValueError, match=option.replace(".", r"\.")):
+                S.build_setup(cfg, policy=policy, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))

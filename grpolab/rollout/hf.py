@@ -14,6 +14,7 @@ What it does beyond `model.generate`:
 from __future__ import annotations
 
 import functools
+import gc
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,12 +66,14 @@ class HFEngine:
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
-        sampler = model
+        sampler, compiles = model, False
         use_fast_cpu_attention(model, self.compute_dtype, device)  # bf16 CPU: the compiled loop's decode_attention
         try:
             if self.bf16_weights and self.compute_dtype == torch.bfloat16:
                 sampler = frozen_copy(model, torch.bfloat16)  # freed when this call returns
             ids, am = self.encode_prompts(prompts, device)
+            compiles = self.compile and static.compiles_now(
+                (ids.shape[0] * group_size, static.prompt_width(ids.shape[1]), self.compute_dtype, self.bf16_weights))
             # one autocast region around the whole loop: autocast caches its bf16 copy of the
             # weights until the outermost region exits, so they are cast once, not at every step
             with autocast(self.compute_dtype, str(device)):
@@ -79,6 +82,8 @@ class HFEngine:
         finally:
             model.train(was_training)
             sampler = None  # a bf16 copy is freed before the trim below
+        if compiles:
+            gc.collect()  # the compilation's reference cycles held the static cache (static.compiles_now)
         if device.type == "cpu":
             release_free_memory()  # the KV cache is gone: hand its pages back before learning
         return _assemble(ids, am, comp, samp_lp, finished, group_size, self._eos_id())
@@ -153,7 +158,7 @@ class HFEngine:
         finished; a finished row's later tokens are pad with log-prob 0, as `_decode` leaves them.
         Same returns as `_decode`, or None when the model has no StaticCache."""
         eos, pad = self._eos_id(), self._pad_id()
-        width = -(-ids.shape[1] // static.PROMPT_BUCKET) * static.PROMPT_BUCKET
+        width = static.prompt_width(ids.shape[1])
         ids = F.pad(ids, (width - ids.shape[1], 0), value=pad)  # more left padding: masked out
         am = F.pad(am, (width - am.shape[1], 0), value=False)
         cache = static.new_static_cache(model, width + self.max_new_tokens)

@@ -32,6 +32,27 @@ PROMPT_BUCKET = 16
 share one compiled graph."""
 
 
+def prompt_width(width: int) -> int:
+    """The static cache's prompt columns for prompts `width` wide: rounded up to PROMPT_BUCKET."""
+    return -(-width // PROMPT_BUCKET) * PROMPT_BUCKET
+
+
+_COMPILED_FOR: set[tuple] = set()
+
+
+def compiles_now(key: tuple) -> bool:
+    """True the first time this process decodes with the compiled step for `key` (rows, prompt
+    width, compute dtype, ...: what the step's graph is specialized on), i.e. for the rollout that
+    compiles it. Dynamo's tracing state keeps the compiling call's arguments, the static cache
+    among them, in reference cycles that only a full garbage collection frees, and Python runs one
+    rarely after a compilation's hundreds of thousands of new objects: the fixture's 50 MB cache
+    stayed alive for the rest of the run (bench/README.md, twenty-first session). The engine
+    collects after such a rollout."""
+    new = key not in _COMPILED_FOR
+    _COMPILED_FOR.add(key)
+    return new
+
+
 class GroupStaticCache(StaticCache):
     """transformers' StaticCache plus the one operation the engine's prefill needs of every cache:
     `batch_repeat_interleave` (StaticLayer has none of its own)."""

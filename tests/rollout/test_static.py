@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -50,6 +53,23 @@ def test_sampled_log_probs_are_the_policy_s_and_finished_rows_are_padded(tiny):
     after_eos = ~ro.loss_mask
     assert (ro.completion_ids[after_eos] == tok.pad_token_id).all()
     assert (ro.sampler_logp[after_eos] == 0).all()
+
+
+def test_the_compiling_rollout_does_not_leave_its_static_cache_behind(tiny, monkeypatch):
+    """Dynamo keeps the compiling call's arguments (the static cache among them) in reference cycles;
+    the engine collects them after a rollout that compiled, so the cache does not outlive the call.
+    Python's own collector is paused: it would free them at some later, unknown time."""
+    model, tok = tiny
+    caches, new_cache = [], static.new_static_cache
+    monkeypatch.setattr(static, "new_static_cache", lambda *a: caches.append(c := new_cache(*a)) or c)
+    eng = HFEngine(tok, max_new_tokens=6, compile=True)
+    gc.disable()
+    try:
+        eng.generate(model, PROMPTS[:3], 5, generator=torch.Generator().manual_seed(0))  # 15 rows: a new graph
+        ref, _ = weakref.ref(caches[0]), caches.clear()
+        assert ref() is None
+    finally:
+        gc.enable()
 
 
 def test_static_cache_repeat_shares_each_prompt_among_its_group(tiny):

@@ -72,7 +72,8 @@ class ModelConfig:
     no-grad: the bench fixture with 48-token prompts and 16-token completions 0.43-0.47x and
     0.51-0.55x; SmolLM2-135M with 64 and 32 0.48x and 0.52x, with 11 and 32 0.77x and 0.90x, and
     0.79x and 0.79x against padding-free rows); with the fixture's 6-token prompts little or not
-    (eager 0.91x and 0.96x, compiled 0.98-1.09x and 0.96x). SmolLM2 bench step with
+    (eager 0.91x and 0.96x, compiled 0.98-1.09x and 0.96x, measured before the compiled layout change
+    lost its slow index kernels: bench/README.md, twenty-first session). SmolLM2 bench step with
     model.padding_free: 9.4 s with this on, 10.5 s off. Phase B shuffles whole groups and cuts
     minibatches and microbatches in whole groups, so train.minibatch_size and train.microbatch_size
     must be multiples of rollout.group_size. Needs SDPA attention without a sliding window."""

@@ -72,8 +72,9 @@ class HFEngine:
             if self.bf16_weights and self.compute_dtype == torch.bfloat16:
                 sampler = frozen_copy(model, torch.bfloat16)  # freed when this call returns
             ids, am = self.encode_prompts(prompts, device)
+            cache_width = static.prompt_width(ids.shape[1]) + self.max_new_tokens
             compiles = self.compile and static.compiles_now(
-                (ids.shape[0] * group_size, static.prompt_width(ids.shape[1]), self.compute_dtype, self.bf16_weights))
+                (ids.shape[0] * group_size, cache_width, self.compute_dtype, self.bf16_weights))
             # one autocast region around the whole loop: autocast caches its bf16 copy of the
             # weights until the outermost region exits, so they are cast once, not at every step
             with autocast(self.compute_dtype, str(device)):

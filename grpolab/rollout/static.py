@@ -41,7 +41,7 @@ _COMPILED_FOR: set[tuple] = set()
 
 
 def compiles_now(key: tuple) -> bool:
-    """True the first time this process decodes with the compiled step for `key` (rows, prompt
+    """True the first time this process decodes with the compiled step for `key` (rows, cache
     width, compute dtype, ...: what the step's graph is specialized on), i.e. for the rollout that
     compiles it. Dynamo's tracing state keeps the compiling call's arguments, the static cache
     among them, in reference cycles that only a full garbage collection frees, and Python runs one

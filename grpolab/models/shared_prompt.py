@@ -39,9 +39,7 @@ from grpolab.rollout.types import position_ids
 # completions [U·G, 1, Lc, Lp + Lc]; bool, True = attend) and G, a Python int; None outside one. A
 # module global read by `models.forward.sdpa_fp32_grad_attention` (like its `_PACKED_LENGTHS`):
 # torch.compile sees graph inputs whose shapes give U, Lp and Lc, so new widths and group counts
-# reuse the compiled graphs, and G as a constant (one per run). G must not be a size torch.compile
-# derives (U·G // U): the layout change's index arithmetic would then divide by symbolic sizes at
-# every element (see `split_attention`).
+# reuse the compiled graphs, and G as a constant (one per run; `split_attention` says why).
 GROUP_MASKS: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
 

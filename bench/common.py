@@ -91,6 +91,38 @@ class Workload:
         return Workload(**json.loads(text))
 
 
+GRPOLAB_OPTIONS: dict[str, str] = {
+    "compile": "model.compile=true (torch.compile of the log-prob forwards; use --warmup >= 1: the first "
+               "step compiles)",
+    "compile_scope": "with compile: model.compile_scope (the transformer blocks, or the whole model as one "
+                     "graph; the fixture's fastest: model)",
+    "compile_decode": "rollout.compile=true (static KV cache, compiled decode step; --warmup >= 1)",
+    "cpp_wrapper": "with compile: model.compile_cpp_wrapper=true (small models only)",
+    "bf16_weights": "bfloat16 runs: rollout.bf16_weights=true (a bf16 weight copy for sampling)",
+    "padding_free": "model.padding_free=true (the log-prob forwards compute only real tokens)",
+    "shared_prompt": "model.shared_prompt=true (the log-prob forwards compute each group's prompt once)",
+    "keep_freed_memory": "train.keep_freed_memory=true (no heap trims between phases)",
+}
+"""The grpolab side's settings of a Workload (its fields `grpolab_<name>`), with their command-line help."""
+
+
+def add_grpolab_flags(parser, prefix: str, help_prefix: str = "") -> None:
+    """One option per GRPOLAB_OPTIONS entry, `--<prefix><name>` (underscores as dashes), stored as the
+    Workload field's name: the benches take the same grpolab settings (`grpolab_options`)."""
+    for name, text in GRPOLAB_OPTIONS.items():
+        flag, dest = "--" + prefix + name.replace("_", "-"), "grpolab_" + name
+        default = getattr(Workload, dest)
+        if isinstance(default, bool):
+            parser.add_argument(flag, dest=dest, action="store_true", help=help_prefix + text)
+        else:
+            parser.add_argument(flag, dest=dest, choices=("blocks", "model"), default=default, help=help_prefix + text)
+
+
+def grpolab_options(args) -> dict[str, Any]:
+    """The Workload fields of the options `add_grpolab_flags` added to `args`' parser."""
+    return {"grpolab_" + name: getattr(args, "grpolab_" + name) for name in GRPOLAB_OPTIONS}
+
+
 # --------------------------------------------------------------------------- model folders
 
 

@@ -35,7 +35,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Workload, cpu_description, load_tokenizer, model_dir, prompt_set, set_threads
+from common import (
+    GRPOLAB_OPTIONS,
+    Workload,
+    add_grpolab_flags,
+    cpu_description,
+    grpolab_options,
+    load_tokenizer,
+    model_dir,
+    prompt_set,
+    set_threads,
+)
 
 PHASES = ("generate", "logprob", "learn")  # the phases with model FLOPs (scoring has none)
 
@@ -82,12 +92,16 @@ def forward_flops(shape: dict, tokens: float, ctx: float, head_positions: float)
 
 
 def step_flops(shape: dict, w: Workload, prompt_len: float, comp_len: float) -> dict[str, float]:
-    """FLOPs of the phases of one step, with mean prompt / completion lengths in tokens."""
+    """FLOPs of the phases of one step, with mean prompt / completion lengths in tokens. The prompts
+    are prefilled once per group; the log-prob passes compute them once per group too with
+    `grpolab_shared_prompt`, else once per row. Splitting a pass into prompt and completion tokens
+    leaves its attention FLOPs as at the mean context (prompt + completion) / 2."""
     n, p = w.sequences_per_step, w.prompts_per_step
     prefill = forward_flops(shape, p * prompt_len, prompt_len / 2, p)
     decode = forward_flops(shape, n * comp_len, prompt_len + comp_len / 2, n * comp_len)
-    seq = prompt_len + comp_len
-    one_pass = forward_flops(shape, n * seq, seq / 2, n * comp_len)
+    prompt_rows = p if w.grpolab_shared_prompt else n
+    one_pass = (forward_flops(shape, prompt_rows * prompt_len, prompt_len / 2, 0)
+                + forward_flops(shape, n * comp_len, prompt_len + comp_len / 2, n * comp_len))
     # a Workload's optimizer step covers the whole batch (one minibatch per epoch), so grpolab runs no
     # π_old pass (epoch 0's training forward records it): the no-grad passes are the reference's
     passes = 1 if w.beta > 0 else 0
@@ -114,9 +128,7 @@ def run(args) -> None:
 
     w = Workload(model=args.model, prompts_per_step=args.prompts, microbatch_size=args.microbatch,
                  dtype=args.dtype, max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta,
-                 lr=args.lr, grpolab_compile=args.compile, grpolab_compile_scope=args.compile_scope,
-                 grpolab_padding_free=args.padding_free,
-                 grpolab_keep_freed_memory=args.keep_freed_memory)
+                 lr=args.lr, **grpolab_options(args))
     path = model_dir(w.model)
     tok = load_tokenizer(path)
     prompts = [p["prompt"] for p in prompt_set(model=w.model)]
@@ -129,9 +141,8 @@ def run(args) -> None:
     timed = res["steps"][res["warmup"]:]
     brackets = [(local[i] + local[i + 1]) / 2 for i in range(res["warmup"], len(res["steps"]))]
     peak = peaks[w.dtype]
-    flags = {f"compiled ({w.grpolab_compile_scope})": w.grpolab_compile, "padding-free": w.grpolab_padding_free,
-             "keep-freed-memory": w.grpolab_keep_freed_memory}
-    mode = "".join(f" {name}" for name, on in flags.items() if on)
+    mode = "".join(f" {name.replace('_', '-')}" for name in GRPOLAB_OPTIONS if getattr(w, "grpolab_" + name) is True)
+    mode += f" (compile scope: {w.grpolab_compile_scope})" if w.grpolab_compile else ""
     print(f"{w.model} {w.dtype}{mode}: P={w.prompts_per_step} G={w.group_size} mean prompt {prompt_len:.1f} tokens")
     print(f"{w.dtype} peak around each timed step (mean of the measurements before and after it): "
           + ", ".join(f"{b / 1e9:.0f}" for b in brackets) + " GFLOP/s")
@@ -165,14 +176,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peak-only", action="store_true")
     p.add_argument("--bracket-repeats", type=int, default=8,
                    help="timings of the peak measured before and after each step ('of local')")
-    p.add_argument("--compile", action="store_true",
-                   help="model.compile=true (torch.compile of the training forward; use --warmup >= 1)")
-    p.add_argument("--compile-scope", choices=("blocks", "model"), default="blocks",
-                   help="with --compile: model.compile_scope (transformer blocks, or the whole model as one graph)")
-    p.add_argument("--padding-free", action="store_true",
-                   help="model.padding_free=true (the log-prob forwards compute no padding)")
-    p.add_argument("--keep-freed-memory", action="store_true",
-                   help="train.keep_freed_memory=true (no heap trims between phases)")
+    add_grpolab_flags(p, "")  # --compile, --compile-scope, --padding-free, ...: as vs_trl.py's --grpolab-*
     return p.parse_args(argv)
 
 

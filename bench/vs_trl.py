@@ -33,8 +33,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     Workload,
+    add_grpolab_flags,
     cpu_description,
     digit_rewards,
+    grpolab_options,
     load_tokenizer,
     model_dir,
     peak_rss_mb,
@@ -265,13 +267,7 @@ def workload(args, dtype: str, seed: int) -> Workload:
     return Workload(model=args.model, prompts_per_step=args.prompts, group_size=args.group_size,
                     max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta, lr=args.lr,
                     microbatch_size=args.microbatch, seed=seed, dtype=dtype,
-                    grpolab_compile=args.grpolab_compile, trl_compile=args.trl_compile,
-                    grpolab_compile_scope=args.grpolab_compile_scope,
-                    grpolab_compile_decode=args.grpolab_compile_decode,
-                    grpolab_bf16_weights=args.grpolab_bf16_weights, grpolab_cpp_wrapper=args.grpolab_cpp_wrapper,
-                    grpolab_padding_free=args.grpolab_padding_free,
-                    grpolab_shared_prompt=args.grpolab_shared_prompt,
-                    grpolab_keep_freed_memory=args.grpolab_keep_freed_memory)
+                    trl_compile=args.trl_compile, **grpolab_options(args))
 
 
 def speed(args) -> None:
@@ -328,22 +324,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--microbatch", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--grpolab-compile", action="store_true",
-                   help="grpolab side: model.compile=true (use --warmup >= 1: the first step compiles)")
-    p.add_argument("--grpolab-compile-scope", choices=("blocks", "model"), default="blocks",
-                   help="grpolab side, with --grpolab-compile: model.compile_scope (the fixture's fastest: model)")
-    p.add_argument("--grpolab-compile-decode", action="store_true",
-                   help="grpolab side: rollout.compile=true (compiled decode step; --warmup >= 1)")
-    p.add_argument("--grpolab-cpp-wrapper", action="store_true",
-                   help="grpolab side, with --grpolab-compile: model.compile_cpp_wrapper=true (small models only)")
-    p.add_argument("--grpolab-bf16-weights", action="store_true",
-                   help="grpolab side, bfloat16 runs: rollout.bf16_weights=true (bf16 weight copy for sampling)")
-    p.add_argument("--grpolab-padding-free", action="store_true",
-                   help="grpolab side: model.padding_free=true (forwards only real tokens)")
-    p.add_argument("--grpolab-shared-prompt", action="store_true",
-                   help="grpolab side: model.shared_prompt=true (forwards each group's prompt once)")
-    p.add_argument("--grpolab-keep-freed-memory", action="store_true",
-                   help="grpolab side: train.keep_freed_memory=true (no heap trims between phases)")
+    add_grpolab_flags(p, "grpolab-", "grpolab side: ")
     p.add_argument("--trl-compile", action="store_true",
                    help="TRL side: torch_compile=True (use --warmup >= 1: the first step compiles)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per run (0 = torch's default)")

@@ -59,3 +59,18 @@ def test_without_native_bf16_only_the_fp32_peak_is_measured(capsys, monkeypatch)
     measured.clear()
     roofline.run(roofline.parse_args(["--dtype", "float32", "--peak-only"]))
     assert measured == [torch.float32, torch.bfloat16]
+
+
+def test_a_shared_prompt_is_counted_once_per_group_in_the_log_prob_passes():
+    shape = {"decoder_weights": 1000, "layers": 2, "attn_width": 8, "hidden": 4, "vocab": 16}
+    rows = Workload(prompts_per_step=3, group_size=4, epochs=2, beta=0.04)
+    shared = Workload(prompts_per_step=3, group_size=4, epochs=2, beta=0.04, grpolab_shared_prompt=True)
+    per_row, per_group = roofline.step_flops(shape, rows, 5.0, 7.0), roofline.step_flops(shape, shared, 5.0, 7.0)
+    assert per_group["generate"] == per_row["generate"]  # the prefill is per group either way
+    # the 12 - 3 prompt copies no longer computed, each 5 tokens at mean context 2.5
+    saved = (12 - 3) * 5 * (2 * 1000 + 4 * 2 * 8 * 2.5)
+    torch.testing.assert_close(per_row["logprob"] - per_group["logprob"], saved)
+    torch.testing.assert_close(per_row["learn"] - per_group["learn"], 3 * 2 * saved)
+    # per row, a pass is the rows' whole sequences at the mean context (5 + 7) / 2
+    seq = 12 * 12 * (2 * 1000 + 4 * 2 * 8 * 6.0) + 12 * 7 * 2 * 4 * 16
+    torch.testing.assert_close(per_row["logprob"], float(seq))

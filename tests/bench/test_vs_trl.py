@@ -15,3 +15,21 @@ def test_vs_trl_times_bf16_by_default_only_where_it_is_native(monkeypatch):
     assert vs_trl.parse_args(["--dtype", "bfloat16"]).dtype == ["bfloat16"]  # asked for: run it
     monkeypatch.setattr(loading, "cpu_supports_bf16", lambda: True)
     assert vs_trl.parse_args([]).dtype == ["float32", "bfloat16"]
+
+
+def test_both_benches_take_every_grpolab_setting_of_the_workload():
+    import dataclasses
+
+    import roofline
+    from common import Workload
+
+    settings = sorted(f.name for f in dataclasses.fields(Workload) if f.name.startswith("grpolab_"))
+    switches = [name.removeprefix("grpolab_").replace("_", "-") for name in settings if name != "grpolab_compile_scope"]
+    every_one = {name: "model" if name == "grpolab_compile_scope" else True for name in settings}
+    vs_trl_args = vs_trl.parse_args([f"--grpolab-{s}" for s in switches] + ["--grpolab-compile-scope", "model"])
+    w = vs_trl.workload(vs_trl_args, "float32", 0)
+    assert {name: getattr(w, name) for name in settings} == every_one
+    roofline_args = roofline.parse_args([f"--{s}" for s in switches] + ["--compile-scope", "model"])
+    assert {name: getattr(roofline_args, name) for name in settings} == every_one
+    defaults = vs_trl.workload(vs_trl.parse_args([]), "float32", 0)
+    assert {name: getattr(defaults, name) for name in settings} == {name: getattr(Workload(), name) for name in settings}

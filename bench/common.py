@@ -67,6 +67,8 @@ class Workload:
     """grpolab side only: model.padding_free (log-prob forwards pack the real tokens)."""
     grpolab_shared_prompt: bool = False
     """grpolab side only: model.shared_prompt (log-prob forwards compute each group's prompt once)."""
+    grpolab_packed_weights: bool = False
+    """grpolab side only, float32: rollout.packed_weights (the eager decode on oneDNN-packed weights)."""
     grpolab_keep_freed_memory: bool = False
     """grpolab side only: train.keep_freed_memory (no heap trims between phases; more peak RSS)."""
     trl_compile: bool = False
@@ -101,6 +103,8 @@ GRPOLAB_OPTIONS: dict[str, str] = {
     "bf16_weights": "bfloat16 runs: rollout.bf16_weights=true (a bf16 weight copy for sampling)",
     "padding_free": "model.padding_free=true (the log-prob forwards compute only real tokens)",
     "shared_prompt": "model.shared_prompt=true (the log-prob forwards compute each group's prompt once)",
+    "packed_weights": "float32 runs without compile-decode: rollout.packed_weights=true (the decode's linear "
+                      "layers on oneDNN-packed weights)",
     "keep_freed_memory": "train.keep_freed_memory=true (no heap trims between phases)",
 }
 """The grpolab side's settings of a Workload (its fields `grpolab_<name>`), with their command-line help."""

@@ -3,6 +3,8 @@
     python bench/roofline.py                              # tiny fixture, bf16, peak in fp32 and bf16
     python bench/roofline.py --dtype float32              # a CPU without native bf16: fp32 peak only
     python bench/roofline.py --model smollm2 --prompts 4 --microbatch 32 --steps 2 --lr 1e-5 --padding-free
+    python bench/roofline.py --dtype float32 --compile --compile-scope model --compile-decode --cpp-wrapper --shared-prompt --keep-freed-memory --warmup 2
+                                                          # vs_trl.py's fastest float32 grpolab side (same flags, no --grpolab-)
     python bench/roofline.py --peak-only
 
 1. Peak: the best sustained rate of large GEMMs (`--gemm` = M = N = K; 20 timings of 5 back-to-back
@@ -15,7 +17,8 @@
    - generation: each prompt prefilled once (grpolab shares it among its G samples), then one
      decoder pass + LM head per generated token, at its context length;
    - reference forward (and a π_old forward, which the bench's one minibatch per epoch never
-     needs): every row, LM head on the completion positions only;
+     needs): every row, LM head on the completion positions only; with `--shared-prompt` each
+     group's prompt once, as that forward computes it;
    - training: forward + backward = 3 × the forward, μ times.
 3. Each phase's FLOP/s over its measured time, as a fraction of the peak of the compute dtype:
    "of peak" against the peak measured once before the run; "of local" against the mean of two

@@ -82,6 +82,7 @@ def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[]
         f"rollout.bf16_weights={str(w.grpolab_bf16_weights and w.dtype == 'bfloat16').lower()}",
         f"model.padding_free={str(w.grpolab_padding_free).lower()}",
         f"model.shared_prompt={str(w.grpolab_shared_prompt).lower()}",
+        f"rollout.packed_weights={str(w.grpolab_packed_weights and w.dtype == 'float32').lower()}",
         f"train.keep_freed_memory={str(w.grpolab_keep_freed_memory).lower()}",
     ])
     cfg = cfg.replace(rewards=[{"name": "bench_digits", "weight": 1.0}])

@@ -131,6 +131,13 @@ class RolloutConfig:
     π_old's forward by bf16 rounding, as a vLLM sampler does; the loss still takes log π_old from the
     training forward. Rejected with model.dtype=float32; ignored when model.dtype=auto resolves to
     float32 (a CPU without bf16)."""
+    packed_weights: bool = False
+    """hf engine, float32 on a CPU, eager loop: the decode's linear layers multiply by oneDNN-packed
+    copies of their weights, made at the start of each rollout and freed after it (rollout/packed.py).
+    Pays where the decode's products are skinny against large weights (SmolLM2-135M, 32 rows, on an
+    AVX2 AMD CPU: generation 5.57 → 3.73 s per GRPO step), not on the bench fixture (hidden 256);
+    costs the linear weights' size again in memory during the rollout. Rejected with rollout.compile=true and
+    model.dtype=bfloat16; ignored when model.dtype=auto resolves to bfloat16, and on a GPU."""
 
 
 @dataclass(frozen=True)

@@ -266,6 +266,9 @@ def validate_config(cfg) -> None:
     if r.bf16_weights and cfg.model.dtype == "float32":
         raise _err("rollout.bf16_weights=true samples in bfloat16 but model.dtype='float32'; "
                    "set model.dtype=bfloat16 (or auto), or leave rollout.bf16_weights=false")
+    if r.packed_weights and (r.compile or cfg.model.dtype == "bfloat16"):
+        raise _err("rollout.packed_weights=true packs float32 weights for the eager decode loop; it does "
+                   f"not combine with {'rollout.compile=true' if r.compile else 'model.dtype=bfloat16'}")
     _choice(t.on_reward_error, ("raise", "zero", "skip_group"), "train.on_reward_error")
     positive = {
         "rollout.prompts_per_step": r.prompts_per_step, "rollout.group_size": r.group_size,

@@ -113,6 +113,15 @@ def test_unknown_preset():
 def test_bf16_weights_needs_a_bf16_model_dtype():
     with pytest.raises(C.ConfigError, match="rollout.bf16_weights"):
         C.from_preset("grpo", ["rollout.bf16_weights=true", "model.dtype=float32"])
+
+
+def test_packed_weights_is_for_the_eager_float32_loop():
+    assert C.from_preset("grpo", ["rollout.packed_weights=true", "model.dtype=float32"]).rollout.packed_weights
+    assert C.from_preset("grpo", ["rollout.packed_weights=true", "model.dtype=auto"]).rollout.packed_weights
+    with pytest.raises(C.ConfigError, match="rollout.packed_weights.*rollout.compile=true"):
+        C.from_preset("grpo", ["rollout.packed_weights=true", "rollout.compile=true"])
+    with pytest.raises(C.ConfigError, match="rollout.packed_weights.*model.dtype=bfloat16"):
+        C.from_preset("grpo", ["rollout.packed_weights=true", "model.dtype=bfloat16"])
     assert C.from_preset("grpo", ["rollout.bf16_weights=true", "model.dtype=bfloat16"]).rollout.bf16_weights
 
 

@@ -7,12 +7,14 @@ What it does beyond `model.generate`:
 - keeps the KV cache in buffers allocated once (rollout/cache.py) and, under bf16 autocast, casts
   the weights once per call instead of once per decode step (the eager loop: autocast's weight
   cache; the compiled loop re-casts at every step unless `bf16_weights` samples from a bf16 copy);
+- with `packed_weights`, on a CPU in float32, multiplies by oneDNN-packed weights (rollout/packed.py);
 - samples with an explicit torch.Generator, so a run is reproducible and resumable;
 - returns the `Rollout` layout the trainer uses (prompt | completion, masks, truncated flags).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 
@@ -26,6 +28,7 @@ from grpolab.models.forward import autocast, use_fast_cpu_attention
 from grpolab.models.loading import frozen_copy
 from grpolab.rollout import static
 from grpolab.rollout.cache import new_decode_cache
+from grpolab.rollout.packed import can_pack, packed_linears
 from grpolab.rollout.sampling import greedy_tokens, sample_tokens
 from grpolab.rollout.types import Rollout, position_ids
 
@@ -47,6 +50,9 @@ class HFEngine:
     model without a StaticCache."""
     bf16_weights: bool = False
     """With compute_dtype bfloat16: sample from `frozen_copy(model, bfloat16)`, made per call."""
+    packed_weights: bool = False
+    """The eager loop, float32 on a CPU: linear layers multiply by oneDNN-packed copies of their
+    weights, made per call (rollout/packed.py). Ignored elsewhere (the compiled loop traces the model)."""
 
     def encode_prompts(self, prompts: Sequence[str], device) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids [P, Lp] and attention mask [P, Lp] bool."""
@@ -79,7 +85,10 @@ class HFEngine:
             # weights until the outermost region exits, so they are cast once, not at every step
             with autocast(self.compute_dtype, str(device)):
                 out = self._decode_static(sampler, ids, am, group_size, generator, greedy) if self.compile else None
-                comp, samp_lp, finished = out or self._decode(sampler, ids, am, group_size, generator, greedy)
+                if out is None:
+                    with self._packing(sampler, ids.shape[0] * group_size):
+                        out = self._decode(sampler, ids, am, group_size, generator, greedy)
+                comp, samp_lp, finished = out
         finally:
             model.train(was_training)
             sampler = None  # a bf16 copy is freed before the trim below
@@ -88,6 +97,13 @@ class HFEngine:
         if device.type == "cpu":
             release_free_memory()  # the KV cache is gone: hand its pages back before learning
         return _assemble(ids, am, comp, samp_lp, finished, group_size, self._eos_id())
+
+    def _packing(self, model, rows: int):
+        """`packed_linears` for the eager loop when `packed_weights` applies, else a no-op context."""
+        fp32 = self.compute_dtype in (None, torch.float32)
+        if self.packed_weights and fp32 and can_pack(model):
+            return packed_linears(model, rows)
+        return contextlib.nullcontext()
 
     def _eos_id(self) -> int:
         return int(self.tokenizer.eos_token_id)

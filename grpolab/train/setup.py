@@ -283,7 +283,7 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     return Setup(
         cfg=cfg, policy=policy, tokenizer=tokenizer,
         engine=HFEngine(tokenizer, r.max_new_tokens, r.temperature, r.top_p, r.top_k, dtype, compile=r.compile,
-                        bf16_weights=r.bf16_weights),
+                        bf16_weights=r.bf16_weights, packed_weights=r.packed_weights),
         objective=build_objective(cfg.loss, r, dtype, cfg.model.padding_free, cfg.model.shared_prompt),
         advantage_fn=make_advantage_fn(cfg.loss.advantage, cfg.loss.std, cfg.loss.std_eps),
         rewards=rewards, prompts=prompts, optimizer=opt, scheduler=sched,

@@ -119,3 +119,19 @@ def test_padding_free_and_shared_prompt_switch_the_attention_before_the_first_ro
             policy.set_attn_implementation("eager")
             with pytest.raises(ValueError, match=option.replace(".", r"\.")):
                 S.build_setup(cfg, policy=policy, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))
+
+
+def test_the_engine_gets_the_rollout_settings():
+    import grpolab.train.setup as S
+    from grpolab import config as C
+    from grpolab.data.arith import ArithTask
+    from grpolab.data.stream import ArithStream
+    from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    for packed in (False, True):
+        cfg = C.from_preset("grpo", [f"rollout.packed_weights={str(packed).lower()}", "rollout.max_new_tokens=7",
+                                     "model.dtype=float32", "run.tensorboard=false", "run.progress=false"])
+        policy = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+        s = S.build_setup(cfg, policy=policy, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))
+        assert (s.engine.packed_weights, s.engine.max_new_tokens, s.engine.compile) == (packed, 7, False)

@@ -6,7 +6,6 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.rollout.cache import PreallocatedCache, PreallocatedLayer, new_decode_cache
 from grpolab.rollout.hf import HFEngine
 
@@ -42,12 +41,6 @@ def test_crop_rejects_positive_and_shortens():
         layer.crop(1)
     layer.crop(-1)
     assert layer.get_seq_length() == 2 and layer.keys.shape[-2] == 2
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    tok = build_char_tokenizer()
-    return build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=0).eval(), tok
 
 
 def test_new_decode_cache_for_a_full_attention_model(tiny):

@@ -16,12 +16,6 @@ pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason
 PROMPTS = ["12+7=", "3-1=", "99+99=", "1234+5678="]
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    tok = build_char_tokenizer()
-    return build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=0).eval(), tok
-
-
 def _generate(model, tok, packed_weights, greedy, seed=3):
     eng = HFEngine(tok, max_new_tokens=12, packed_weights=packed_weights)
     return eng.generate(model, PROMPTS, 3, generator=torch.Generator().manual_seed(seed), greedy=greedy)

@@ -5,23 +5,15 @@ from __future__ import annotations
 import gc
 import weakref
 
-import pytest
 import torch
 
 from grpolab.models import forward
 from grpolab.models.forward import batched_logprobs, short_attention
-from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.rollout import static
 from grpolab.rollout.hf import HFEngine
 
 # prompts of different widths: the static loop pads them further on the left, to a bucket of 16
 PROMPTS = ["12+7=", "3-1=", "99+99=", "1234+5678="]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    tok = build_char_tokenizer()
-    return build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=0).eval(), tok
 
 
 def _generate(model, tok, compile_, greedy, seed=3):

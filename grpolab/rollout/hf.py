@@ -28,7 +28,7 @@ from grpolab.models.forward import autocast, use_fast_cpu_attention
 from grpolab.models.loading import frozen_copy
 from grpolab.rollout import static
 from grpolab.rollout.cache import new_decode_cache
-from grpolab.rollout.packed import can_pack, packed_linears
+from grpolab.rollout.packed import packed_linears
 from grpolab.rollout.sampling import greedy_tokens, sample_tokens
 from grpolab.rollout.types import Rollout, position_ids
 
@@ -100,8 +100,7 @@ class HFEngine:
 
     def _packing(self, model, rows: int):
         """`packed_linears` for the eager loop when `packed_weights` applies, else a no-op context."""
-        fp32 = self.compute_dtype in (None, torch.float32)
-        if self.packed_weights and fp32 and can_pack(model):
+        if self.packed_weights and self.compute_dtype in (None, torch.float32):
             return packed_linears(model, rows)
         return contextlib.nullcontext()
 

@@ -27,21 +27,19 @@ import contextlib
 import torch
 
 
-def can_pack(model: torch.nn.Module) -> bool:
-    """True when this PyTorch has oneDNN and `model` computes in float32 on a CPU."""
-    param = next(model.parameters(), None)
-    return (param is not None and param.device.type == "cpu" and param.dtype == torch.float32
-            and torch.backends.mkldnn.is_available())
-
-
 @contextlib.contextmanager
 def packed_linears(model: torch.nn.Module, rows: int):
     """Within this block, each float32 CPU `nn.Linear` of `model` multiplies by a oneDNN-packed copy
-    of its weight (no grad). rows: the number of input rows to pack for (a hint for oneDNN's
-    layout; other row counts work). A layer whose `forward` is already replaced on the instance
-    (e.g. by accelerate's hooks) is left alone. On exit every layer is restored and the copies freed.
+    of its weight (no grad); other layers (another dtype or device) are left as they are, and so is
+    a layer whose `forward` is already replaced on the instance (e.g. by accelerate's hooks), and
+    everything when PyTorch was built without oneDNN. rows: the number of input rows to pack for (a
+    hint for oneDNN's layout; other row counts work). On exit every layer is restored and the
+    copies freed.
     """
     patched = []
+    if not torch.backends.mkldnn.is_available():
+        yield
+        return
     try:
         for module in model.modules():
             if (isinstance(module, torch.nn.Linear) and "forward" not in module.__dict__

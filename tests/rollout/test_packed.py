@@ -74,8 +74,17 @@ def test_a_layer_whose_forward_is_replaced_already_is_left_alone(tiny):
         del layer.forward
 
 
-def test_only_float32_cpu_models_are_packed(tiny):
+def test_only_float32_layers_are_packed(tiny):
     model, _ = tiny
-    assert packed.can_pack(model)
-    assert not packed.can_pack(build_tiny_model(build_char_tokenizer(), hidden_size=32, num_layers=1,
-                                                num_heads=2).to(torch.bfloat16))
+    half = build_tiny_model(build_char_tokenizer(), hidden_size=32, num_layers=1, num_heads=2).to(torch.bfloat16)
+    with packed.packed_linears(half, 4):
+        assert not any("forward" in m.__dict__ for m in _linears(half))
+        with packed.packed_linears(model, 4):
+            assert all("forward" in m.__dict__ for m in _linears(model))
+
+
+def test_without_onednn_nothing_is_packed(tiny, monkeypatch):
+    model, _ = tiny
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    with packed.packed_linears(model, 4):
+        assert not any("forward" in m.__dict__ for m in _linears(model))

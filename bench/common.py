@@ -118,7 +118,7 @@ def add_grpolab_flags(parser, prefix: str, help_prefix: str = "") -> None:
         default = getattr(Workload, dest)
         if isinstance(default, bool):
             parser.add_argument(flag, dest=dest, action="store_true", help=help_prefix + text)
-        else:
+        else:  # compile_scope, the one setting that is not a switch
             parser.add_argument(flag, dest=dest, choices=("blocks", "model"), default=default, help=help_prefix + text)
 
 

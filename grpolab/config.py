@@ -136,8 +136,9 @@ class RolloutConfig:
     copies of their weights, made at the start of each rollout and freed after it (rollout/packed.py).
     Pays where the decode's products are skinny against large weights (SmolLM2-135M, 32 rows, on an
     AVX2 AMD CPU: generation 5.57 → 3.73 s per GRPO step), not on the bench fixture (hidden 256);
-    costs the linear weights' size again in memory during the rollout. Rejected with rollout.compile=true and
-    model.dtype=bfloat16; ignored when model.dtype=auto resolves to bfloat16, and on a GPU."""
+    costs the linear weights' size again in memory during the rollout. Rejected with
+    rollout.compile=true and model.dtype=bfloat16; ignored when model.dtype=auto resolves to
+    bfloat16, and on a GPU."""
 
 
 @dataclass(frozen=True)

@@ -329,7 +329,10 @@ def completion_logprobs(
     if group_size is not None:
         return grouped_completion_logprobs(model, input_ids, attention_mask, prompt_len, group_size, temperature,
                                            with_entropy, compute_dtype, entropy_grad)
-    lc = input_ids.shape[1] - prompt_len
+    width = input_ids.shape[1]
+    if not 1 <= prompt_len < width:
+        raise ValueError(f"completion_logprobs: prompt_len={prompt_len} must be in [1, {width}) for input_ids of "
+                         f"width {width} (the last prompt position predicts the first completion token)")
     use_fast_cpu_attention(model, compute_dtype, input_ids.device)
     with autocast(compute_dtype, str(input_ids.device)):
         out = model(
@@ -337,10 +340,11 @@ def completion_logprobs(
             attention_mask=attention_mask.long(),
             position_ids=position_ids(attention_mask),
             use_cache=False,
-            logits_to_keep=lc + 1,
+            # position t predicts token t+1: exactly the predictors, so the logits are used unsliced
+            # (a slice's backward would zero-fill and copy a gradient of the full logits' size)
+            logits_to_keep=torch.arange(prompt_len - 1, width - 1, device=input_ids.device),
         )
-    logits = out.logits[:, -(lc + 1) : -1]  # position t predicts token t+1
-    return _logprobs_of(logits, input_ids[:, prompt_len:], temperature, with_entropy, entropy_grad)
+    return _logprobs_of(out.logits, input_ids[:, prompt_len:], temperature, with_entropy, entropy_grad)
 
 
 def _logprobs_of(logits, labels, temperature, with_entropy, entropy_grad):
@@ -349,6 +353,17 @@ def _logprobs_of(logits, labels, temperature, with_entropy, entropy_grad):
         return token_logprobs(logits, labels, temperature), entropy(logits, temperature)
     logp, ent = fused_token_logprobs(logits, labels, temperature, with_entropy)
     return logp, ent if with_entropy else None
+
+
+def _padded_logprobs_of(logits, labels, temperature, with_entropy, entropy_grad):
+    """`_logprobs_of` for the first S = labels.numel() rows of `logits` [S', V] (S' >= S): every
+    row is scored (the extra rows against token 0) and the [S'] results are cut to [S]. Slicing the
+    logits instead would make their backward write a zero-filled [S', V] gradient and copy the [S, V]
+    one into it (SmolLM2, 128 rows × 32 tokens: two passes over 240 MB per microbatch)."""
+    s, extra = labels.numel(), logits.shape[0] - labels.numel()
+    logp, ent = _logprobs_of(logits, torch.cat([labels, labels.new_zeros(extra)]), temperature, with_entropy,
+                             entropy_grad)
+    return logp[:s], (ent[:s] if ent is not None else None)
 
 
 def packed_completion_logprobs(model, input_ids, attention_mask, prompt_len, temperature=1.0, with_entropy=False,
@@ -372,7 +387,7 @@ def packed_completion_logprobs(model, input_ids, attention_mask, prompt_len, tem
     predictors = packed_index[:, prompt_len:][scored] - 1  # each one is predicted by the token before it
     logits = _packed_forward(model, input_ids[real], position_ids(attention_mask)[real], lengths[lengths > 0].cpu(),
                              predictors, compute_dtype)
-    logp, ent = _logprobs_of(logits, input_ids[:, prompt_len:][scored], temperature, with_entropy, entropy_grad)
+    logp, ent = _padded_logprobs_of(logits, input_ids[:, prompt_len:][scored], temperature, with_entropy, entropy_grad)
     return _unpack(logp, scored), (_unpack(ent, scored) if ent is not None else None)
 
 
@@ -392,10 +407,12 @@ def grouped_completion_logprobs(model, input_ids, attention_mask, prompt_len, gr
     n, width = input_ids.shape
     u, lc, vocab = n // group_size, width - prompt_len, out.logits.shape[-1]
     labels = input_ids[:, prompt_len:].view(u, group_size, lc)
-    # every completion's first token is predicted by its prompt's last position, the others by their own rows
-    first = _logprobs_of(out.logits[:, :1].expand(u, group_size, vocab), labels[:, :, 0], temperature,
+    # every completion's first token is predicted by its prompt's last position, the others by their own rows;
+    # split, not two slices: its backward writes one gradient of the logits' size, not two zero-filled ones
+    at_prompt, at_rows = out.logits.split([1, out.logits.shape[1] - 1], dim=1)
+    first = _logprobs_of(at_prompt.expand(u, group_size, vocab), labels[:, :, 0], temperature,
                          with_entropy, entropy_grad)
-    rest = _logprobs_of(out.logits[:, 1:].view(u, group_size, lc - 1, vocab), labels[:, :, 1:], temperature,
+    rest = _logprobs_of(at_rows.view(u, group_size, lc - 1, vocab), labels[:, :, 1:], temperature,
                         with_entropy, entropy_grad)
     logp = torch.cat([first[0][..., None], rest[0]], -1).view(n, lc)
     ent = torch.cat([first[1][..., None], rest[1]], -1).view(n, lc) if with_entropy else None
@@ -413,13 +430,14 @@ def packed_grouped_completion_logprobs(model, input_ids, attention_mask, prompt_
     logits = _packed_forward(model, layout.input_ids[0], layout.position_ids[0], layout.row_lengths.cpu(),
                              layout.predictors, compute_dtype, (layout.expand, layout.collapse))
     scored = layout.scored
-    logp, ent = _logprobs_of(logits, input_ids[:, prompt_len:][scored], temperature, with_entropy, entropy_grad)
+    logp, ent = _padded_logprobs_of(logits, input_ids[:, prompt_len:][scored], temperature, with_entropy, entropy_grad)
     return _unpack(logp, scored), (_unpack(ent, scored) if ent is not None else None)
 
 
 def _packed_forward(model, ids, positions, rows, predictors, compute_dtype, groups=None) -> torch.Tensor:
-    """The model's logits [S, V] at `predictors` [S] of one padding-free row: tokens `ids` [T] at
-    `positions` [T], original rows of lengths `rows` (CPU; with `groups`, see `packed_rows`).
+    """The model's logits [S', V] at `predictors` [S] of one padding-free row (the first S rows;
+    S' = `padded_count(S)`, the rest repeat the last predictor): tokens `ids` [T] at `positions`
+    [T], original rows of lengths `rows` (CPU; with `groups`, see `packed_rows`).
 
     The row and the predictors are padded to `padded_count` (dummy rows of token 0, a repeated
     predictor), so the matrix products see few distinct sizes: oneDNN builds a bf16 kernel for
@@ -437,7 +455,7 @@ def _packed_forward(model, ids, positions, rows, predictors, compute_dtype, grou
     keep = torch.cat([predictors, predictors[-1:].expand(padded_count(s) - s)]) if s else predictors
     with packed_rows(rows, groups, ids.device), autocast(compute_dtype, str(ids.device)):
         out = model(input_ids=ids[None], position_ids=positions[None], use_cache=False, logits_to_keep=keep)
-    return out.logits[0, :s]
+    return out.logits.view(out.logits.shape[1:])  # a view: its backward copies nothing (see _padded_logprobs_of)
 
 
 def require_sdpa(model, option: str) -> None:

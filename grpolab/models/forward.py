@@ -359,8 +359,11 @@ def _padded_logprobs_of(logits, labels, temperature, with_entropy, entropy_grad)
     """`_logprobs_of` for the first S = labels.numel() rows of `logits` [S', V] (S' >= S): every
     row is scored (the extra rows against token 0) and the [S'] results are cut to [S]. Slicing the
     logits instead would make their backward write a zero-filled [S', V] gradient and copy the [S, V]
-    one into it (SmolLM2, 128 rows × 32 tokens: two passes over 240 MB per microbatch)."""
+    one into it (SmolLM2, 128 rows × 32 tokens: two passes over 240 MB per microbatch). Without a
+    gradient (the π_old / π_ref passes) the slice is free, and only the S rows are scored."""
     s, extra = labels.numel(), logits.shape[0] - labels.numel()
+    if not logits.requires_grad:
+        return _logprobs_of(logits[:s], labels, temperature, with_entropy, entropy_grad)
     logp, ent = _logprobs_of(logits, torch.cat([labels, labels.new_zeros(extra)]), temperature, with_entropy,
                              entropy_grad)
     return logp[:s], (ent[:s] if ent is not None else None)

@@ -94,6 +94,14 @@ def test_grad_and_no_grad_forwards_give_the_same_logprobs(model_and_batch):
     torch.testing.assert_close(with_grad.detach(), no_grad, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("prompt_len", [0, 9])
+def test_prompt_len_outside_the_row_is_a_clear_error(model_and_batch, prompt_len):
+    """prompt_len 0: no position predicts the first completion token; >= width: no completion."""
+    model, ids, am = model_and_batch
+    with pytest.raises(ValueError, match=f"prompt_len={prompt_len} must be in"):
+        completion_logprobs(model, ids, am, prompt_len)
+
+
 def _short_case(kv_heads, mask_kind, lq=7, lk=7):
     g = torch.Generator().manual_seed(1)
     q = torch.randn(3, 4, lq, 16, generator=g).bfloat16()

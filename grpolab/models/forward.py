@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from grpolab.algo.logprobs import entropy, fused_token_logprobs, token_logprobs
 from grpolab.models import shared_prompt as prompt_sharing
 from grpolab.models.buckets import buckets_for
+from grpolab.models.math_attention import short_attention
 from grpolab.models.padded_attention import dummy_rows, from_padded, padded_count, padded_maps, to_padded
 from grpolab.models.row_attention import per_row_attention
 from grpolab.rollout.types import position_ids
@@ -120,35 +121,6 @@ def _is_short(module, query, key, attention_mask, kwargs) -> bool:
     return attention_mask.dtype == torch.bool and attention_mask.dim() == 4
 
 
-def short_attention(query, key, value, attention_mask=None, scaling=None):
-    """Attention of short sequences as two bf16 matmuls around a float32 softmax.
-
-    query: [B, H, Lq, D]; key, value: [B, Hkv, Lk, D] (H a multiple of Hkv: query head j reads
-    key/value head j // (H / Hkv)); attention_mask: bool broadcastable to [B, H, Lq, Lk] (True =
-    attend), or None for causal attention (Lq == Lk). scaling: None means D ** -0.5. Returns
-    [B, Lq, H, D] bf16, as transformers' SDPA attention; a query that may attend to nothing gets 0,
-    as from SDPA (not NaN). The scores are rounded to bf16 before the softmax, an error of the size
-    of the bf16 rounding of the query and key themselves (tests/models/test_forward.py compares
-    with float32 SDPA).
-    """
-    b, h, lq, d = query.shape
-    hkv, lk = key.shape[1], key.shape[2]
-    if attention_mask is None:
-        attention_mask = torch.ones(lq, lk, dtype=torch.bool, device=query.device).tril()
-    with torch.autocast(query.device.type, enabled=False):
-        # the query heads that share a key/value head are stacked along the rows: one matmul per group
-        q = query.to(torch.bfloat16).reshape(b, hkv, h // hkv * lq, d)
-        scores = torch.matmul(q, key.to(torch.bfloat16).transpose(-1, -2)).reshape(b, h, lq, lk)
-        scores = (scores.float() * (d**-0.5 if scaling is None else scaling)).masked_fill(
-            ~attention_mask, torch.finfo(torch.float32).min)
-        # a query that may attend to nothing (a padding position) gets 0, as from SDPA; elsewhere the
-        # masked probabilities are exactly 0 already
-        probs = scores.softmax(-1).masked_fill(~attention_mask, 0.0).to(torch.bfloat16)
-        probs = probs.reshape(b, hkv, h // hkv * lq, lk)
-        out = torch.matmul(probs, value.to(torch.bfloat16)).reshape(b, h, lq, d)
-    return out.transpose(1, 2).contiguous()
-
-
 def _pads_short_rows(query, kwargs) -> bool:
     """True where `_short_rows_attention` computes what `packed_attention` would: bf16 on a CPU, no
     dropout, soft cap, sliding window or position bias (`packed_attention` rejects the last ones)."""
@@ -162,7 +134,8 @@ def _short_rows_attention(query, key, value, scaling=None):
     `_PADDED_MAPS` and back: ([1, K, H, D] bf16)."""
     gather, scatter, visible = _PADDED_MAPS
     q, k, v = (to_padded(t.to(torch.bfloat16), gather) for t in (query, key, value))
-    return from_padded(short_attention(q, k, v, visible, scaling), scatter)
+    # right-padded rows under a causal mask: every query sees at least its row's first token
+    return from_padded(short_attention(q, k, v, visible, scaling, every_query_sees_a_key=True), scatter)
 
 
 def decode_attention(query, key, value, attention_mask=None, scaling=None):

@@ -149,7 +149,7 @@ def evaluate(model, engine: HFEngine, reward: ReasoningGymReward, items: list[Pr
     rewards, lengths, trunc, examples = [], [], [], []
     for s in range(0, len(items), batch):
         chunk = items[s : s + batch]
-        ro = engine.generate(model, [it.prompt for it in chunk], k, generator=gen, greedy=greedy)
+        ro = engine.generate_with(model, [it.prompt for it in chunk], k, generator=gen, greedy=greedy)
         texts = decode_completions(engine.tokenizer, ro)
         flags = ro.truncated.tolist()
         metas = [{**chunk[i // k].meta, "truncated": flags[i]} for i in range(len(texts))]
@@ -207,32 +207,6 @@ class StepPrinter:
             self.evals[done] = self.evaluate_fn(f"step {done}")
 
 
-class SkipEmptyRows:
-    """Wraps the GRPO objective so a microbatch's forward/backward only runs on rows that have
-    counted tokens. Rows of groups dropped by `loss.filter_zero_std_groups` have an all-False loss
-    mask: they add exactly 0 to the loss and the gradient (the minibatch normalizer is computed
-    before, on the whole minibatch), so skipping them changes nothing but the time."""
-
-    def __init__(self, objective):
-        self.objective = objective
-
-    def normalizer(self, loss_mask: torch.Tensor) -> torch.Tensor:
-        return self.objective.normalizer(loss_mask)
-
-    def __call__(self, model, micro, normalizer):
-        keep = micro.loss_mask.any(-1).nonzero().squeeze(-1)
-        if keep.numel() == 0:  # keep one row so the loss (exactly 0) still has a graph to backward
-            keep = torch.zeros(1, dtype=torch.long)
-        if keep.numel() == micro.num_sequences:
-            return self.objective(model, micro, normalizer)
-        n, width = micro.num_sequences, micro.loss_mask.shape[1]
-        loss, stats = self.objective(model, micro.select(keep), normalizer)
-        logp = stats["logp"]  # rows of `keep` only: skipped rows get 0 (they never count)
-        stats["logp"] = logp.new_zeros((n, width)).index_copy(0, keep.to(logp.device),
-                                                              torch.nn.functional.pad(logp, (0, width - logp.shape[1])))
-        return loss, stats
-
-
 def deadline(minutes: float):
     """A Setup.should_stop replacement: True once `minutes` have passed (never with 0)."""
     end = time.perf_counter() + minutes * 60
@@ -281,7 +255,6 @@ def run(args: argparse.Namespace, policy=None, tokenizer=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     write_config(cfg, out)
     setup = build_setup(cfg, policy=policy, tokenizer=tokenizer, prompts=ListStream(train_items, seed=args.seed))
-    setup.objective = SkipEmptyRows(setup.objective)
     setup.should_stop = deadline(args.time_limit_min)
     logger = attach_outputs(setup, out)
     printer = StepPrinter(lambda tag: evaluate_both(policy, engine, reward, held, args, tag), args.eval_every, args.steps)

@@ -27,8 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import model_dir, set_threads  # noqa: E402
-from grpolab.models.compiled import training_module  # noqa: E402
-from grpolab.models.forward import completion_logprobs  # noqa: E402
+from grpolab.forward.compiled import training_module  # noqa: E402
+from grpolab.forward import completion_logprobs  # noqa: E402
 
 
 def microbatch(groups: int, group_size: int, lp: int, lc: int, vocab: int, seed: int = 0):

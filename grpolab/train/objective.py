@@ -11,8 +11,8 @@ from typing import Callable
 
 import torch
 
-from grpolab.algo.losses import POLICY_LOSSES, importance_ratio, aggregate, agg_normalizer, kl_penalty
-from grpolab.models.forward import completion_logprobs
+from grpolab.algo.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, Aggregation, importance_ratio
+from grpolab.forward import LogProbForward
 from grpolab.rollout.types import Rollout
 
 
@@ -23,20 +23,19 @@ class Objective:
     eps_high: float
     dual_clip: float | None
     kl_coef: float
-    kl_estimator: str
+    kl_estimator: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """(logp, ref_logp) -> per-token KL estimate (`algo.losses.KL_ESTIMATORS`)."""
     kl_ratio_weighted: bool
     entropy_coef: float
-    agg_mode: str
+    aggregation: Aggregation
+    """Per-token losses -> the microbatch's share of the minibatch loss (`algo.losses.AGGREGATIONS`)."""
     agg_constant_tokens: int
-    temperature: float
-    compute_dtype: torch.dtype | None = None
-    padding_free: bool = False
-    shared_prompt: bool = False
-    """Microbatches are whole groups whose prompt is forwarded once (model.shared_prompt)."""
+    forward: LogProbForward
+    """The log-prob forward of the run (layout, dtype, temperature)."""
 
     def normalizer(self, loss_mask: torch.Tensor) -> torch.Tensor:
-        """The minibatch-wide divisor (see algo.losses.agg_normalizer)."""
-        return agg_normalizer(loss_mask, self.agg_mode, self.agg_constant_tokens)
+        """The minibatch-wide divisor of the aggregation, counted on the whole minibatch's mask."""
+        return self.aggregation.normalizer(loss_mask, self.agg_constant_tokens)
 
     def __call__(self, model, micro: Rollout, normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Loss of one microbatch (already divided by the minibatch normalizer) and detached stats.
@@ -45,24 +44,20 @@ class Objective:
         'logp' [b, Lc'] the detached token log-probs. With old_logp = None (first epoch, one
         minibatch), old = new.detach() and the ratio ≡ 1 exactly.
         """
-        logp, ent = completion_logprobs(
-            model, micro.input_ids, micro.attention_mask, micro.prompt_len, self.temperature,
-            with_entropy=True, compute_dtype=self.compute_dtype, entropy_grad=self.entropy_coef > 0,
-            padding_free=self.padding_free, group_size=micro.group_size if self.shared_prompt else None,
-        )
+        logp, ent = self.forward(model, micro, with_entropy=True, entropy_grad=self.entropy_coef > 0)
         old = micro.old_logp if micro.old_logp is not None else logp.detach()
         mask = micro.loss_mask
         per_tok, st = self.policy_loss(logp, old, micro.advantages, mask, self.eps_low, self.eps_high, self.dual_clip)
         kl = torch.zeros_like(logp)
         if self.kl_coef > 0:
-            kl = kl_penalty(logp, micro.ref_logp, self.kl_estimator)
+            kl = self.kl_estimator(logp, micro.ref_logp)
             if self.kl_ratio_weighted:
                 kl = kl * importance_ratio(logp, old)
             per_tok = per_tok + self.kl_coef * kl
         if self.entropy_coef > 0:
             per_tok = per_tok - self.entropy_coef * ent
             ent = ent.detach()
-        loss = aggregate(per_tok, mask, self.agg_mode, normalizer)
+        loss = self.aggregation.aggregate(per_tok, mask, normalizer)
         m = mask.float()
         ratio = st["ratio"].float()
         stats = {
@@ -80,8 +75,7 @@ class Objective:
         return loss, stats
 
 
-def build_objective(loss_cfg, rollout_cfg, compute_dtype=None, padding_free: bool = False,
-                    shared_prompt: bool = False) -> Objective:
+def build_objective(loss_cfg, rollout_cfg, forward: LogProbForward) -> Objective:
     """Selects the policy loss from the registry once; returns the callable objective."""
     if loss_cfg.policy_loss not in POLICY_LOSSES:
         raise ValueError(f"loss.policy_loss={loss_cfg.policy_loss!r} is not a GRPO-family loss; "
@@ -92,13 +86,51 @@ def build_objective(loss_cfg, rollout_cfg, compute_dtype=None, padding_free: boo
         eps_high=loss_cfg.clip_eps_high,
         dual_clip=loss_cfg.dual_clip,
         kl_coef=loss_cfg.kl_coef,
-        kl_estimator=loss_cfg.kl_estimator,
+        kl_estimator=KL_ESTIMATORS[loss_cfg.kl_estimator],
         kl_ratio_weighted=loss_cfg.kl_ratio_weighted,
         entropy_coef=loss_cfg.entropy_coef,
-        agg_mode=loss_cfg.loss_agg,
+        aggregation=AGGREGATIONS[loss_cfg.loss_agg],
         agg_constant_tokens=loss_cfg.agg_constant_tokens or rollout_cfg.max_new_tokens,
-        temperature=rollout_cfg.temperature,
-        compute_dtype=compute_dtype,
-        padding_free=padding_free,
-        shared_prompt=shared_prompt,
+        forward=forward,
     )
+
+
+class SkipEmptyRows:
+    """Wraps an Objective so a microbatch's forward/backward runs only on rows with counted tokens
+    (whole groups with a shared-prompt layout: a group is kept when any of its rows counts).
+
+    Rows whose loss mask is all False (groups dropped by loss.filter_zero_std_groups, completions
+    masked by loss.mask_truncated) add exactly 0 to the loss and the gradient, and the minibatch
+    normalizer was counted before, on the whole minibatch: skipping them changes nothing but the
+    time. The returned `logp` stat covers every row (0 on the skipped ones, which never count).
+    """
+
+    def __init__(self, objective: Objective, whole_groups: bool = False):
+        self.objective, self.whole_groups = objective, whole_groups
+
+    def normalizer(self, loss_mask: torch.Tensor) -> torch.Tensor:
+        return self.objective.normalizer(loss_mask)
+
+    def __call__(self, model, micro: Rollout, normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        counts = micro.loss_mask.any(-1)
+        if self.whole_groups:
+            counts = counts.view(-1, micro.group_size).any(-1).repeat_interleave(micro.group_size)
+        keep = counts.nonzero().squeeze(-1)
+        if keep.numel() == micro.num_sequences:
+            return self.objective(model, micro, normalizer)
+        if keep.numel() == 0:  # keep one row (or group) so the loss, exactly 0, still has a graph
+            keep = torch.arange(micro.group_size if self.whole_groups else 1, device=counts.device)
+        n, width = micro.num_sequences, micro.loss_mask.shape[1]
+        loss, stats = self.objective(model, micro.select(keep), normalizer)
+        logp = torch.nn.functional.pad(stats["logp"], (0, width - stats["logp"].shape[1]))
+        stats["logp"] = logp.new_zeros((n, width)).index_copy(0, keep.to(logp.device), logp)
+        return loss, stats
+
+
+def build_loss(loss_cfg, rollout_cfg, forward: LogProbForward):
+    """The run's objective: `build_objective`, wrapped in `SkipEmptyRows` when the config can leave
+    rows without counted tokens (loss.filter_zero_std_groups, loss.mask_truncated)."""
+    objective = build_objective(loss_cfg, rollout_cfg, forward)
+    if loss_cfg.filter_zero_std_groups or loss_cfg.mask_truncated:
+        return SkipEmptyRows(objective, forward.layout.whole_groups)
+    return objective

@@ -16,8 +16,8 @@ import torch
 from grpolab.algo.losses import agg_normalizer, sft_nll
 from grpolab.data.collate import pack_pairs
 from grpolab.data.stream import shuffled_batches
-from grpolab.models.forward import completion_logprobs
-from grpolab.train.setup import adamw, lr_lambda
+from grpolab.forward import completion_logprobs
+from grpolab.algo.optim import adamw, lr_lambda
 
 
 def train_sft(

@@ -8,15 +8,9 @@ import pytest
 import torch
 
 from grpolab.algo.logprobs import token_logprobs
-from grpolab.models import forward
-from grpolab.models.forward import (
-    FAST_CPU_ATTENTION,
-    batched_logprobs,
-    completion_logprobs,
-    decode_attention,
-    short_attention,
-    use_fast_cpu_attention,
-)
+from grpolab.forward import attention, batched_logprobs, completion_logprobs
+from grpolab.forward.attention import FAST_CPU_ATTENTION, decode_attention, use_fast_cpu_attention
+from grpolab.forward.math_attention import short_attention
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 
 
@@ -76,7 +70,7 @@ def test_inference_logprobs_unchanged_by_the_switch_beyond_short_sequences(model
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         a = plain(input_ids=ids, attention_mask=am.long()).logits
         short = fast(input_ids=ids, attention_mask=am.long()).logits
-        monkeypatch.setattr(forward, "SHORT_ATTENTION_MAX_TOKENS", ids.shape[1] - 1)  # these rows are now "long"
+        monkeypatch.setattr(attention, "SHORT_ATTENTION_MAX_TOKENS", ids.shape[1] - 1)  # these rows are now "long"
         long = fast(input_ids=ids, attention_mask=am.long()).logits
     torch.testing.assert_close(a, long, rtol=0, atol=0)  # no grad, long rows: the same bf16 SDPA kernel runs
     assert not torch.equal(a, short)  # short rows: short_attention ran, ...
@@ -149,18 +143,18 @@ def test_short_attention_serves_short_bf16_rows_only():
     q = torch.zeros(2, 4, 9, 8, dtype=torch.bfloat16)
     k = torch.zeros(2, 4, 9, 8, dtype=torch.bfloat16)
     keep = torch.ones(2, 1, 9, 9, dtype=torch.bool)
-    assert forward._is_short(module, q, k, None, {})
-    assert forward._is_short(module, q, k, keep, {"dropout": 0.0})
-    assert not forward._is_short(module, q.float(), k.float(), None, {})  # float32 compute
+    assert attention.is_short(module, q, k, None, {})
+    assert attention.is_short(module, q, k, keep, {"dropout": 0.0})
+    assert not attention.is_short(module, q.float(), k.float(), None, {})  # float32 compute
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert forward._is_short(module, q.float(), k.float(), None, {})  # bf16 autocast
-    assert not forward._is_short(module, q, k, keep.float(), {})  # additive masks go to SDPA
-    assert not forward._is_short(module, q, k, keep, {"dropout": 0.1})
-    assert not forward._is_short(module, q[:, :, :1], k, keep[:, :, :1], {})  # a decode step
-    assert not forward._is_short(module, q[:, :, :5], k, None, {})  # causal needs equal lengths
-    assert not forward._is_short(SimpleNamespace(is_causal=False), q, k, None, {})
-    n = forward.SHORT_ATTENTION_MAX_TOKENS + 1
-    assert not forward._is_short(module, q.new_zeros(1, 4, n, 8), k.new_zeros(1, 4, n, 8), None, {})
+        assert attention.is_short(module, q.float(), k.float(), None, {})  # bf16 autocast
+    assert not attention.is_short(module, q, k, keep.float(), {})  # additive masks go to SDPA
+    assert not attention.is_short(module, q, k, keep, {"dropout": 0.1})
+    assert not attention.is_short(module, q[:, :, :1], k, keep[:, :, :1], {})  # a decode step
+    assert not attention.is_short(module, q[:, :, :5], k, None, {})  # causal needs equal lengths
+    assert not attention.is_short(SimpleNamespace(is_causal=False), q, k, None, {})
+    n = attention.SHORT_ATTENTION_MAX_TOKENS + 1
+    assert not attention.is_short(module, q.new_zeros(1, 4, n, 8), k.new_zeros(1, 4, n, 8), None, {})
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +164,7 @@ def rollout(model_and_batch):
     model = model_and_batch[0]
     tok = build_char_tokenizer()
     eng = HFEngine(tok, max_new_tokens=12)
-    return eng.generate(model, ["1+1=", "12+34=", "7="], 4, generator=torch.Generator().manual_seed(0))
+    return eng.generate_with(model, ["1+1=", "12+34=", "7="], 4, generator=torch.Generator().manual_seed(0))
 
 
 def test_batched_logprobs_bucketed_equals_one_chunk(model_and_batch, rollout):
@@ -187,7 +181,7 @@ def test_batched_logprobs_bucketed_equals_one_chunk(model_and_batch, rollout):
 def test_compiled_training_module_matches_eager_and_shares_parameters(model_and_batch, scope):
     from torch._dynamo.eval_frame import OptimizedModule
 
-    from grpolab.models.compiled import CompiledBlocks, training_module
+    from grpolab.forward.compiled import CompiledBlocks, training_module
 
     model, ids, am = model_and_batch
     model = copy.deepcopy(model).train()

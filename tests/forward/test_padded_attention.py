@@ -1,4 +1,4 @@
-"""The padded attention of a padding-free batch's short rows (models/padded_attention.py) and the
+"""The padded attention of a padding-free batch's short rows (forward/padded_attention.py) and the
 padding of the packed row to few sizes (padded_count, dummy_rows)."""
 
 from __future__ import annotations
@@ -9,9 +9,12 @@ from unittest import mock
 import pytest
 import torch
 
-from grpolab.models import forward
-from grpolab.models.forward import completion_logprobs, short_attention
-from grpolab.models.padded_attention import (
+from grpolab.forward import plans
+from grpolab.forward.attention import SHORT_ATTENTION_MAX_TOKENS
+from grpolab.forward.plans import packed_rows_plan
+from grpolab.forward import completion_logprobs
+from grpolab.forward.math_attention import short_attention
+from grpolab.forward.padded_attention import (
     dummy_rows,
     from_padded,
     from_padded_backward,
@@ -57,8 +60,7 @@ def test_short_rows_attention_equals_short_attention_row_by_row(kv_heads):
     run on each row alone."""
     q, k, v = _packed(4, torch.bfloat16, 0), _packed(kv_heads, torch.bfloat16, 1), _packed(kv_heads, torch.bfloat16, 2)
     w = torch.randn(1, int(LENGTHS.sum()), 4, 8, generator=torch.Generator().manual_seed(3))
-    with forward.packed_rows(LENGTHS):
-        got = forward._short_rows_attention(q, k, v)
+    got = packed_rows_plan(LENGTHS).short_rows_attention(q, k, v)
     got_grads = torch.autograd.grad((got.float() * w).sum(), (q, k, v))
     sizes = LENGTHS.tolist()
     want = torch.cat([short_attention(a, b, c) for a, b, c in zip(q.split(sizes, 2), k.split(sizes, 2), v.split(sizes, 2))], 1)
@@ -78,8 +80,7 @@ def test_grouped_maps_read_each_prompt_into_each_row_and_sum_its_key_gradients()
     collapse = torch.cat([torch.arange(p + c0), torch.arange(p + c0 + p, p + c0 + p + c1)])  # [K]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, k_tokens, 8, generator=g, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
-    with forward.packed_rows(rows, (expand, collapse)):
-        got = forward._short_rows_attention(q, k, v)
+    got = packed_rows_plan(rows, (expand, collapse)).short_rows_attention(q, k, v)
     (got.float().sum()).backward()
     got_grads = [t.grad.clone() for t in (q, k, v)]
     for t in (q, k, v):
@@ -101,7 +102,7 @@ def test_bf16_packed_forward_takes_the_padded_attention_and_fp32_does_not(model,
         calls.append(gather.shape)
         return to_padded(x, gather)
 
-    with mock.patch.object(forward, "to_padded", counting):
+    with mock.patch.object(plans, "to_padded", counting):
         completion_logprobs(m, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
                             compute_dtype=torch.bfloat16, padding_free=True)
         assert len(calls) == 3 * m.config.num_hidden_layers  # query, key, value of every layer
@@ -110,14 +111,10 @@ def test_bf16_packed_forward_takes_the_padded_attention_and_fp32_does_not(model,
         assert not calls
 
 
-def test_packed_rows_builds_the_padded_maps_only_for_short_rows_on_a_cpu():
-    with forward.packed_rows(LENGTHS):
-        assert forward._PADDED_MAPS is not None
-    with forward.packed_rows(LENGTHS, device="cuda"):  # the padded attention is a CPU path
-        assert forward._PADDED_MAPS is None
-    with forward.packed_rows(torch.tensor([forward.SHORT_ATTENTION_MAX_TOKENS + 1, 3])):
-        assert forward._PADDED_MAPS is None
-    assert forward._PADDED_MAPS is None
+def test_packed_rows_plan_builds_the_padded_maps_only_for_short_rows_on_a_cpu():
+    assert packed_rows_plan(LENGTHS).padded is not None
+    assert packed_rows_plan(LENGTHS, device="cuda").padded is None  # the padded attention is a CPU path
+    assert packed_rows_plan(torch.tensor([SHORT_ATTENTION_MAX_TOKENS + 1, 3])).padded is None
 
 
 def test_padded_count_gives_few_sizes_and_little_padding():
@@ -156,7 +153,7 @@ def test_packed_forward_feeds_the_model_few_sizes_and_more_tokens_than_predictor
 
     def record(mod, args, kwargs):
         seen.append((kwargs["input_ids"].shape[1], kwargs["logits_to_keep"].numel()))
-        widths.append(forward._PADDED_MAPS[0].shape[1])
+        widths.append(kwargs["grpolab_plan"].padded[0].shape[1])
 
     hook = m.register_forward_pre_hook(record, with_kwargs=True)
     try:

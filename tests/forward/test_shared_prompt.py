@@ -8,11 +8,12 @@ import copy
 import pytest
 import torch
 
-from grpolab.models import shared_prompt
-from grpolab.models.forward import FAST_CPU_ATTENTION, batched_logprobs, completion_logprobs
+from grpolab.forward import shared_prompt
+from grpolab.forward import batched_logprobs, completion_logprobs
+from grpolab.forward.attention import FAST_CPU_ATTENTION
 from grpolab.models.tiny import build_tiny_model
 
-G = 4  # the group size of the `rollout` fixture (tests/models/conftest.py)
+G = 4  # the group size of the `rollout` fixture (tests/forward/conftest.py)
 
 
 def _logp_grad(model, ro, group_size, dtype=None, weights=None, entropy_grad=False, padding_free=False):
@@ -180,7 +181,7 @@ def test_one_completion_column(model, tok):
     log-prob comes from a prompt's last position."""
     from grpolab.rollout.hf import HFEngine
 
-    ro = HFEngine(tok, max_new_tokens=1).generate(model, ["1+1=", "12+34="], 3, generator=torch.Generator().manual_seed(0))
+    ro = HFEngine(tok, max_new_tokens=1).generate_with(model, ["1+1=", "12+34="], 3, generator=torch.Generator().manual_seed(0))
     assert ro.input_ids.shape[1] == ro.prompt_len + 1
     m = copy.deepcopy(model).train()
     want_lp, _, want_g = _logp_grad(m, ro, None)

@@ -1,22 +1,23 @@
 """Attention of a padding-free batch's short rows, computed right-padded.
 
-The padding-free forwards (`forward.packed_rows`, `shared_prompt.packed_groups`) put a batch's real
+The padding-free forwards (`plans.PackedRows`) put a batch's real
 tokens into one row, so its linear layers compute no padding; attention must then stay within each
 original row. `row_attention.per_row_attention` runs PyTorch's flash kernel once per row, which
-costs a fixed amount per (row, head): on rows of a few dozen tokens, several times the attention's
-own work (bench/README.md). For short rows the attention instead gathers the rows' queries, keys
+costs a fixed amount per (row, head): on rows of a few dozen tokens, more than the attention's
+own work. For short rows the attention instead gathers the rows' queries, keys
 and values into a right-padded batch [n, H, L, D] (`to_padded`; L = the longest row), runs
-`forward.short_attention` there, and gathers the outputs back to the packed tokens (`from_padded`).
-The gathers copy a few MB; the linear layers keep their padding-free savings.
+`math_attention.short_attention` there, and gathers the outputs back to the packed tokens (`from_padded`).
+The gathers copy only the attention's inputs and outputs; the linear layers keep their padding-free
+savings.
 
 The index maps (`padded_maps`) are built on the host once per forward and reach the traced code
 as tensors, so torch.compile keeps one graph whatever the rows are. The two layout changes are
 traced forward (inductor fuses the gathers with their neighbours) and have custom operators as
-backward (an index add, an index copy): traced as index ops, inductor fused such a backward with
-its neighbours' into slow kernels of index arithmetic (bf16, bench/README.md, sixteenth session).
+backward (an index add, an index copy): traced as index ops, inductor would fuse such a backward
+with its neighbours' into slow kernels dominated by index arithmetic.
 
 The packed row itself is padded to few sizes (`padded_count`, with `dummy_rows`): in bf16 on a
-CPU, oneDNN builds a kernel for every matrix size it meets and keeps it (bench/README.md).
+CPU, oneDNN builds a kernel for every matrix size it meets and keeps it.
 """
 
 from __future__ import annotations

@@ -1,21 +1,19 @@
-"""grpolab.models.buckets: which rows share a chunk of a log-prob pass."""
+"""grpolab.forward.buckets: which rows share a chunk of a log-prob pass."""
 
 from __future__ import annotations
 
-import functools
 
 import pytest
 import torch
 
-from grpolab.models.buckets import (
+from grpolab.forward.buckets import (
     balanced_buckets,
     balanced_partition,
-    buckets_for,
     group_buckets,
     length_buckets,
 )
 
-G = 4  # the group size of the `rollout` fixture (tests/models/conftest.py)
+G = 4  # the group size of the `rollout` fixture (tests/forward/conftest.py)
 
 
 def _tokens(ro, chunk, whole_groups=False):
@@ -78,7 +76,7 @@ def eight_groups(tok):
 
     sampler = build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=1)
     prompts = ["1+1=", "12+34=", "7=", "5+5=", "123+4=", "9=", "44+4=", "3+21="]
-    return HFEngine(tok, max_new_tokens=12).generate(sampler, prompts, G, generator=torch.Generator().manual_seed(0))
+    return HFEngine(tok, max_new_tokens=12).generate_with(sampler, prompts, G, generator=torch.Generator().manual_seed(0))
 
 
 @pytest.mark.parametrize("whole_groups", [False, True], ids=["rows", "groups"])
@@ -102,10 +100,14 @@ def test_balanced_buckets_even_out_the_real_tokens_of_same_size_chunks(eight_gro
     assert sum(tokens) == sum(by_length)
 
 
-def test_buckets_for_balances_padding_free_chunks_only(rollout):
-    assert buckets_for(False, False) is length_buckets
-    assert buckets_for(False, True) is group_buckets
-    for shared in (False, True):
-        chosen = buckets_for(True, shared)
-        assert isinstance(chosen, functools.partial) and chosen.func is balanced_buckets
-        assert chosen.keywords == {"whole_groups": shared}
+def test_layouts_balance_padding_free_chunks_only(rollout):
+    """Each layout's chunking: padded rows by length, whole groups by length, padding-free by tokens."""
+    from grpolab.forward import layout_for
+
+    assert layout_for(False, False).chunks is length_buckets
+    assert layout_for(False, True).chunks is group_buckets
+    assert layout_for(True, False).chunks is balanced_buckets
+    both = layout_for(True, True).chunks
+    assert both.func is balanced_buckets and both.keywords == {"whole_groups": True}
+    for padding_free in (False, True):
+        assert layout_for(padding_free, True).whole_groups and not layout_for(padding_free, False).whole_groups

@@ -1,8 +1,8 @@
 """Attention of short sequences as plain tensor ops: two bf16 matmuls around a float32 softmax.
 
-PyTorch's CPU flash-attention kernels pay a fixed cost per (row, head), several times the work of
-rows a few dozen tokens long (bench/README.md); `forward.sdpa_fp32_grad_attention` sends bf16
-attention of short rows here instead, with or without grad.
+PyTorch's CPU flash-attention kernels pay a fixed cost per (row, head), which outweighs the
+attention's own work on rows a few dozen tokens long, so short rows are faster as two matmuls:
+`attention.grpolab_attention` sends bf16 attention of short rows here, with or without grad.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ def short_attention(query, key, value, attention_mask=None, scaling=None, every_
     masked (true of causal masks over right-padded rows), which saves that zeroing pass.
 
     The scores are rounded to bf16 before the softmax, an error of the size of the bf16 rounding
-    of the query and key themselves (tests/models/test_forward.py compares with float32 SDPA). The
-    mask enters as an additive float32 bias, fused with the scaling into one add: `masked_fill`
-    on the [B, H, Lq, Lk] scores, forward and backward, cost more than the matmuls (bench/README.md).
+    of the query and key themselves (tests/forward/test_forward.py compares with float32 SDPA). The
+    mask enters as an additive float32 bias, fused with the scaling into one add: a `masked_fill`
+    would be one more pass over the [B, H, Lq, Lk] scores forward and another backward, on rows this
+    short a cost of the order of the matmuls themselves.
     """
     b, h, lq, d = query.shape
     hkv, lk = key.shape[1], key.shape[2]

@@ -11,12 +11,11 @@ one shorter). Only which rows share a chunk changes:
   of a pass one matrix size (a CPU's oneDNN builds and keeps kernels for every size it meets) and
   the same work (data-parallel ranks and microbatches finish together).
 
-`buckets_for` picks one at setup.
+Each layout of `forward.layouts` names its chunking; a run picks one at setup.
 """
 
 from __future__ import annotations
 
-import functools
 import heapq
 from collections.abc import Callable
 
@@ -82,13 +81,6 @@ def balanced_partition(cost: torch.Tensor, sizes: list[int]) -> list[torch.Tenso
         if len(bins[b]) < sizes[b]:
             heapq.heappush(heap, (total + values[unit], b))
     return [torch.tensor(sorted(units), dtype=torch.long) for units in bins]
-
-
-def buckets_for(padding_free: bool, shared_prompt: bool) -> Buckets:
-    """The chunking of the log-prob passes for a model layout: (rollout, rows per chunk) -> row indices."""
-    if padding_free:
-        return functools.partial(balanced_buckets, whole_groups=shared_prompt)
-    return group_buckets if shared_prompt else length_buckets
 
 
 def _check_groups(rollout, batch_size: int) -> int:

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpolab.models.row_attention import per_row_attention
+from grpolab.forward.row_attention import per_row_attention
 
 ROWS = [5, 17, 1, 9]
 
@@ -56,10 +56,9 @@ def test_per_row_attention_passes_torch_s_custom_op_checks():
 
 
 def test_the_python_row_loop_for_dropout_and_other_devices_agrees_with_the_operator():
-    """`forward._per_row_sdpa`, which `packed_attention` takes where the operator does not apply."""
-    from grpolab.models import forward
+    """`plans.per_row_sdpa`, which `PackedRows.packed_attention` takes where the operator does not apply."""
+    from grpolab.forward.plans import per_row_sdpa
 
     q, k, v = _inputs(2)
-    with forward.packed_rows(ROWS):
-        loop = forward._per_row_sdpa(q, k, v, 0.3, 0.0)
+    loop = per_row_sdpa(q, k, v, torch.tensor(ROWS), 0.3, 0.0)
     torch.testing.assert_close(loop, per_row_attention(q, k, v, torch.tensor(ROWS), 0.3)[0])

@@ -42,7 +42,7 @@ def rollout(tok):
 
     sampler = build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=1)
     eng = HFEngine(tok, max_new_tokens=12)
-    ro = eng.generate(sampler, ["1+1=", "12+34=", "7="], 4, generator=torch.Generator().manual_seed(0))
+    ro = eng.generate_with(sampler, ["1+1=", "12+34=", "7="], 4, generator=torch.Generator().manual_seed(0))
     lengths = ro.completion_lengths
     assert lengths.min() < lengths.max() and ro.attention_mask[:, 0].sum() < ro.num_sequences  # padding on both sides
     return ro

@@ -7,12 +7,9 @@ import copy
 import pytest
 import torch
 
-from grpolab.models.forward import (
-    FAST_CPU_ATTENTION,
-    batched_logprobs,
-    completion_logprobs,
-    packed_completion_logprobs,
-)
+from grpolab.forward import batched_logprobs, completion_logprobs
+from grpolab.forward.attention import FAST_CPU_ATTENTION
+from grpolab.forward.layouts import packed_completion_logprobs
 from grpolab.models.tiny import build_tiny_model
 
 
@@ -125,7 +122,7 @@ def test_config_accepts_padding_free_with_compile():
 def test_the_attention_switch_adds_no_graph_break_to_a_compiled_forward(tok):
     """model.compile traces the registered attention and mask functions: nothing in them (e.g. reading
     the padding-free state) may split the graph, for the training and the decode forward alike."""
-    from grpolab.models.forward import use_fast_cpu_attention
+    from grpolab.forward.attention import use_fast_cpu_attention
 
     m = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=0)
     use_fast_cpu_attention(m, torch.bfloat16, "cpu")

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from grpolab.models.math_attention import short_attention
+from grpolab.forward.math_attention import short_attention
 
 
 def _right_padded(kv_heads, lengths, width=9, dtype=torch.bfloat16):

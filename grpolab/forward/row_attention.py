@@ -1,13 +1,13 @@
 """Causal attention within each row of a padding-free batch, as one operator torch.compile can keep in its graph.
 
-The padding-free forward (`forward.packed_rows`) runs one SDPA call per original row. Written as a
+The padding-free forward (`plans.PackedRows`) runs one SDPA call per original row. Written as a
 Python loop, torch.compile would unroll it for the rows of the batch it traced (a recompilation for
 each new set of rows) or break its graph around it. `per_row_attention` is a custom operator
 instead: the row lengths are a tensor argument, the loop runs inside the operator, and the
 compiled graph stays one graph whatever the rows are.
 
 CPU only (PyTorch's CPU flash-attention kernels, whose forward also returns the log-sum-exp
-the backward needs), no dropout; `forward.packed_attention` loops in Python for anything else.
+the backward needs), no dropout; `plans.per_row_sdpa` loops in Python for anything else.
 """
 
 from typing import Optional

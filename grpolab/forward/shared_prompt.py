@@ -10,13 +10,12 @@ restart after the prompt for every completion, and attention (`split_attention`)
 ordinary row layout: the prompt attends to itself (causal, real tokens only) and completion g to
 the prompt's real tokens and to itself (causal). Every real token therefore sees what it sees in
 the padded forward; the log-probs agree up to the rounding of differently shaped products
-(tests/models/test_shared_prompt.py).
+(tests/forward/test_shared_prompt.py).
 
-The layout is built by `group_layout` and announced to the attention of models on grpolab's
-attention (`models.forward.FAST_CPU_ATTENTION`) by `grouped_rows`. Batches of rows are cut in
-whole groups (`models.buckets`).
+The layout is built by `group_layout`; its attention plan (`forward.plans.GroupedRows`) goes to
+the model's attention with the call. Batches of rows are cut in whole groups (`forward.buckets`).
 
-With model.padding_free as well (`packed_group_layout`, `packed_groups`), the batch goes through
+With model.padding_free as well (`packed_group_layout`, `forward.plans.PackedRows`), the batch goes through
 the model as one row of its K distinct real tokens (each group's prompt once, then its completions'
 real tokens): the linear layers compute neither padding nor prompt copies. Attention gathers each
 original row back (its prompt copied in, by index): right-padded for short rows in bf16 on a CPU
@@ -26,22 +25,13 @@ to the K tokens.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from grpolab.models.buckets import group_rows
+from grpolab.forward.buckets import group_rows
 from grpolab.rollout.types import position_ids
-
-# The grouped forward in progress (`grouped_rows`): its attention masks (prompt [U, 1, Lp, Lp],
-# completions [U·G, 1, Lc, Lp + Lc]; bool, True = attend) and G, a Python int; None outside one. A
-# module global read by `models.forward.sdpa_fp32_grad_attention` (like its `_PACKED_LENGTHS`):
-# torch.compile sees graph inputs whose shapes give U, Lp and Lc, so new widths and group counts
-# reuse the compiled graphs, and G as a constant (one per run; `split_attention` says why).
-GROUP_MASKS: tuple[torch.Tensor, torch.Tensor, int] | None = None
-
 
 @dataclass(frozen=True)
 class GroupLayout:
@@ -111,28 +101,6 @@ def group_layout_check(input_ids: torch.Tensor, attention_mask: torch.Tensor, pr
         raise ValueError("model.shared_prompt: a prompt's last column is padding (prompts must be left-padded)")
 
 
-@contextlib.contextmanager
-def _announced(name: str, value):
-    """Sets the module global `name` (GROUP_MASKS or PACKED_GROUPS) for the block, then restores it."""
-    previous = globals()[name]
-    globals()[name] = value
-    try:
-        yield
-    finally:
-        globals()[name] = previous
-
-
-def grouped_rows(layout: GroupLayout):
-    """Within this block, forwards of models on grpolab's attention take their rows in `layout`'s form."""
-    group_size = layout.completion_attend.shape[0] // layout.prompt_attend.shape[0]
-    return _announced("GROUP_MASKS", (layout.prompt_attend, layout.completion_attend, group_size))
-
-
-# The index maps of the padding-free grouped forward in progress (`packed_groups`): (expand [R],
-# collapse [K]) int64, or None outside one. Read by `models.forward.sdpa_fp32_grad_attention`.
-PACKED_GROUPS: tuple[torch.Tensor, torch.Tensor] | None = None
-
-
 @dataclass(frozen=True)
 class PackedGroupLayout:
     """The padding-free grouped forward's inputs (`packed_group_layout`): the K distinct real tokens of
@@ -183,30 +151,22 @@ def packed_group_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, p
                              lengths[lengths > 0], place[:, lp - 1 : width - 1][scored], scored)
 
 
-def packed_groups(expand: torch.Tensor, collapse: torch.Tensor):
-    """Within this block, forwards of models on grpolab's attention take one row of K tokens laid
-    out as `packed_group_layout` gives (its `expand` and `collapse` maps; `forward.packed_rows`
-    enters this)."""
-    return _announced("PACKED_GROUPS", (expand, collapse))
-
-
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def split_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attend: Attend) -> torch.Tensor:
-    """Attention of grouped rows (inside `grouped_rows`), computed in the ordinary row layout.
+def split_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, prompt_attend: torch.Tensor,
+                    completion_attend: torch.Tensor, g: int, attend: Attend) -> torch.Tensor:
+    """Attention of grouped rows (`group_layout`), computed in the ordinary row layout.
 
-    query: [U, H, Lp + G·Lc, D]; key, value: [U, Hkv, Lp + G·Lc, D]. `attend(q, k, v, mask)` is
+    query: [U, H, Lp + G·Lc, D]; key, value: [U, Hkv, Lp + G·Lc, D]; prompt_attend [U, 1, Lp, Lp]
+    and completion_attend [U·G, 1, Lc, Lp + Lc] the layout's masks; g = G. `attend(q, k, v, mask)` is
     the model's attention on ordinary rows (q [B, H, Lq, D], k/v [B, Hkv, Lk, D], bool mask
     [B, 1, Lq, Lk]) returning [B, Lq, H, D]. It runs twice: the prompts against themselves, and
     the U·G completions against [their prompt's keys | their own keys]. Returns [U, Lp + G·Lc, H, D].
     """
-    # G is the announced int, Lc the mask's own size: with G = U·G // U (sizes torch.compile derives),
-    # Lc became (width - Lp) // (U·G // U), and inductor indexed the backward's copy of the
-    # completions' output gradient by floor divisions and modulos of those symbols, element by
-    # element: 9.5 ms per layer and microbatch on the fixture (float32, AVX2 host, torch 2.13), a
-    # seventh of its whole compiled forward + backward.
-    prompt_attend, completion_attend, g = GROUP_MASKS
+    # G is a Python int and Lc the mask's own size: derived from U·G // U (sizes torch.compile
+    # traces symbolically), inductor would index the backward's copy of the completions' output
+    # gradient by floor divisions and modulos of those symbols, element by element (slow).
     u, h, _, d = query.shape
     lp, lc = prompt_attend.shape[-1], completion_attend.shape[2]
     assert query.shape[2] == lp + g * lc, f"grouped rows of {query.shape[2]} columns vs masks for {lp} + {g}·{lc}"

@@ -1,4 +1,4 @@
-"""The default generation engine: Hugging Face model, KV cache, our own sampling loop.
+"""The default generation engine (`rollout.engine=hf`): Hugging Face model, KV cache, our own sampling loop.
 
 What it does beyond `model.generate`:
 - prefills each prompt ONCE and expands its KV cache to the G samples of its group;
@@ -18,19 +18,20 @@ import contextlib
 import functools
 import gc
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from grpolab.models.forward import autocast, use_fast_cpu_attention
+from grpolab.forward.attention import autocast, use_fast_cpu_attention
 from grpolab.models.loading import frozen_copy
 from grpolab.rollout import static
 from grpolab.rollout.cache import new_decode_cache
 from grpolab.rollout.packed import packed_linears
 from grpolab.rollout.sampling import greedy_tokens, sample_tokens
 from grpolab.rollout.types import Rollout, position_ids
+from grpolab.memory import release_free_memory
 
 
 @dataclass
@@ -53,6 +54,33 @@ class HFEngine:
     packed_weights: bool = False
     """The eager loop, float32 on a CPU: linear layers multiply by oneDNN-packed copies of their
     weights, made per call (rollout/packed.py). Ignored elsewhere (the compiled loop traces the model)."""
+    model: torch.nn.Module | None = None
+    """The policy that `generate` samples from (shared with the trainer: no copy of its weights)."""
+    weight_version: int = 0
+    """Optimizer phases behind the sampled weights (`load_weights`)."""
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[str], group_size: int, *, generator: torch.Generator | None = None,
+                 greedy: bool = False) -> Rollout:
+        """`Engine.generate`: G completions per prompt from `model`, N = len(prompts) × G rows."""
+        if self.model is None:
+            raise ValueError("HFEngine.generate: no model to sample from; build the engine with model=... "
+                             "or call generate_with(model, ...)")
+        return self.generate_with(self.model, prompts, group_size, generator=generator, greedy=greedy)
+
+    def decode(self, rollout: Rollout) -> list[str]:
+        """`Engine.decode`: completion texts, cut at the first EOS (EOS not included)."""
+        return decode_completions(self.tokenizer, rollout)
+
+    def load_weights(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+        """`Engine.load_weights`. The engine samples from the trainer's policy itself, whose state
+        `state` normally is (then only the version is recorded); other tensors are copied in."""
+        own = self.model.state_dict() if self.model is not None else {}
+        if any(k not in own or own[k].data_ptr() != v.data_ptr() for k, v in state.items()):
+            if self.model is None:
+                raise ValueError("HFEngine.load_weights: no model to load the weights into")
+            self.model.load_state_dict(state)
+        self.weight_version = version
 
     def encode_prompts(self, prompts: Sequence[str], device) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids [P, Lp] and attention mask [P, Lp] bool."""
@@ -60,7 +88,7 @@ class HFEngine:
         return enc["input_ids"].to(device), enc["attention_mask"].to(device).bool()
 
     @torch.no_grad()
-    def generate(
+    def generate_with(
         self,
         model: torch.nn.Module,
         prompts: Sequence[str],
@@ -68,7 +96,8 @@ class HFEngine:
         generator: torch.Generator | None = None,
         greedy: bool = False,
     ) -> Rollout:
-        """G completions for each prompt. Returns a Rollout with N = len(prompts) × G rows."""
+        """G completions for each prompt, sampled from `model` (any model with this engine's
+        tokenizer). Returns a Rollout with N = len(prompts) × G rows."""
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
@@ -197,58 +226,6 @@ class HFEngine:
             logits = step(model, kwarg, cache, tokens[:, t : t + 1], mask, next_pos)
             next_pos = next_pos + 1
         return tokens[:, :steps], samp_lp[:, :steps], finished
-
-
-def release_free_memory() -> None:
-    """Returns freed heap pages to the OS (glibc `malloc_trim`; a no-op elsewhere, and after
-    `keep_freed_memory`).
-
-    Rollouts and training microbatches of varying lengths fragment the C heap that CPU tensors
-    live in; trimming after the large short-lived KV cache is freed keeps the peak RSS of the
-    next phase lower (measured: tiny fixture, bf16, 3 steps: 795 -> 770 MB peak).
-    """
-    libc = _libc()
-    if libc and not _KEEP_FREED:
-        libc.malloc_trim(0)
-
-
-def keep_freed_memory() -> bool:
-    """Makes this process keep the memory it frees for reuse (train.keep_freed_memory; glibc only).
-
-    `release_free_memory` no longer trims, and glibc's mmap and trim thresholds go to 1 GiB
-    (`mallopt`), so a freed large tensor's pages stay in the heap instead of being unmapped. The
-    next phase then reuses them instead of page-faulting fresh, zeroed pages in (on SmolLM2 about
-    590 000 faults for a first microbatch). Process-wide and not undone. Returns False where there
-    is no glibc (nothing changes).
-    """
-    global _KEEP_FREED
-    libc = _libc()
-    if not libc:
-        return False
-    libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30)
-    libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-    _KEEP_FREED = True
-    return True
-
-
-def _libc():
-    """glibc through ctypes, or False where it cannot be loaded (looked up once)."""
-    global _LIBC
-    if _LIBC is None:
-        try:
-            import ctypes
-
-            _LIBC = ctypes.CDLL("libc.so.6")
-            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
-            _LIBC.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-        except (OSError, AttributeError):
-            _LIBC = False
-    return _LIBC
-
-
-_LIBC = None
-_KEEP_FREED = False
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,12 +8,11 @@ reordered once into its own blocked layout (`torch.ops.mkldnn._reorder_linear_we
 The weights change after every optimizer step, so the copies are made at the start of each
 rollout and dropped at its end.
 
-Measured (bench/README.md, AMD EPYC with AVX2, 2 threads): SmolLM2-135M's 210 decoder
-products for 32 rows at 109 ms per step with MKL against 76 ms packed; its rollout of 32 × 32
-tokens 6.53 → 4.96 s, packing included (about 0.25 s); in the GRPO loop (bench/vs_trl.py)
-generation 5.57 → 3.73 s per step. No gain on the bench fixture (hidden 256, 128 rows: MKL
-already runs those products at full rate). While a rollout runs, the packed
-copies take as much memory again as the model's linear weights.
+It pays when a decode step multiplies few rows by large weight matrices, where each product is
+bound by reading the weight: the reorder, one pass over every linear weight per rollout, is repaid
+over the rollout's decode steps. Small weight matrices multiplied by many rows gain nothing: MKL
+already runs those products at full rate (bench/README.md has the measurements). While a rollout
+runs, the packed copies take as much memory again as the model's linear weights.
 
 Numerics: the same float32 products, summed in oneDNN's order instead of MKL's (differences of
 float rounding); samples and sampler log-probs are those of the policy up to that rounding.

@@ -51,9 +51,9 @@ def draw_categorical(probs: torch.Tensor, generator: torch.Generator | None = No
     probs: [B, V], non-negative, each row with a positive finite sum. Returns: [B] int64.
     One uniform per row against the row's float64 cumulative sum: a zero-probability index is
     never drawn (its CDF step is empty). `torch.multinomial(probs, 1)` draws V exponentials per
-    row instead, which on a CPU costs about 50 ms per decode step for 32 rows over SmolLM2's
-    49 152-token vocabulary (bench/README.md). Raises ValueError for a row with a NaN, infinite
-    or zero total (the logits were not finite).
+    row instead (a random number and a logarithm per vocabulary entry at every decode step), which
+    on a CPU dominates the sampling with vocabularies of tens of thousands of tokens. Raises
+    ValueError for a row with a NaN, infinite or zero total (the logits were not finite).
     """
     cdf = probs.cumsum(-1, dtype=torch.float64)
     total = cdf[:, -1:]

@@ -1,22 +1,21 @@
 """A compiled decode loop (`rollout.compile`): static KV cache, one torch.compile'd decode step.
 
 The default loop (rollout/hf.py) is eager and shrinks its batch as rows finish. On a small model a
-decode step is mostly overhead: the bench's 3.4M-parameter fixture spends about 8 ms of a 17 ms
-step at batch 128 in Python and small kernels (8 ms at batch 1). This loop gives every decode step
-the same shapes, so torch.compile turns it into one graph:
+decode step is mostly overhead: Python and many small kernels, a cost that does not shrink with the
+batch. This loop gives every decode step the same shapes, so torch.compile turns it into one graph:
 - the KV cache is transformers' `StaticCache`, sized for the prompt (its width rounded up to a
   multiple of `PROMPT_BUCKET`, padded on the left) plus `max_new_tokens`;
 - the attention mask has that full width from the start (the columns not yet written are 0);
 - finished rows are not dropped: they keep decoding, and their tokens are discarded (pad, log-prob
   0), exactly as the default loop leaves them.
-The compiled step depends only on (rows, prompt bucket): one compilation per pair (the fixture
-about 20 s, SmolLM2-135M about 90 s), so it pays over a run of fixed-size rollouts. Measured in
-the training loop (bench/README.md): the fixture's 128 × 32 rollout 0.47-0.55 s against about
-0.64-0.72 s for the eager loop; SmolLM2 (32 rows) gains little, so it is off by default.
+The compiled step depends only on (rows, prompt bucket): one compilation per pair, which takes
+longer the larger the model, so it pays over a run of fixed-size rollouts of a small,
+overhead-bound model. A larger model's decode step is dominated by its matrix products, which
+compilation does not speed up, and finished rows keep costing compute: the loop gains little
+there, so it is off by default.
 
-Under bf16 on a CPU the step's attention is `models.forward.decode_attention` (float32 tensor ops
-the compiler fuses) instead of PyTorch's SDPA kernel, which is slow for one query row: the
-fixture's rollout 0.40-0.56 s against 0.52-0.77 s (bench/README.md).
+Under bf16 on a CPU the step's attention is `forward.attention.decode_attention` (float32 tensor ops
+the compiler fuses) instead of PyTorch's SDPA kernel, which is slow for one query row.
 
 Numerics: the same model forward, fused by the compiler; greedy tokens equal the eager loop's and
 log-probs agree to float rounding (tests/rollout/test_static.py). The prefill runs eagerly.
@@ -45,9 +44,8 @@ def compiles_now(key: tuple) -> bool:
     width, compute dtype, ...: what the step's graph is specialized on), i.e. for the rollout that
     compiles it. Dynamo's tracing state keeps the compiling call's arguments, the static cache
     among them, in reference cycles that only a full garbage collection frees, and Python runs one
-    rarely after a compilation's hundreds of thousands of new objects: the fixture's 50 MB cache
-    stayed alive for the rest of the run (bench/README.md, twenty-first session). The engine
-    collects after such a rollout."""
+    rarely after the many long-lived objects a compilation creates: the static cache would stay
+    alive for the rest of the run. The engine collects after such a rollout."""
     new = key not in _COMPILED_FOR
     _COMPILED_FOR.add(key)
     return new
@@ -90,7 +88,7 @@ REALIZE_OPCOUNT = 8
 has more ops than this is computed once into a buffer instead of being recomputed inside each
 loop that reads it. The CPU default (50) leaves the rotary embedding (a cos and a sin per
 element) inlined in the attention's loop over the cache, recomputed once per cached position;
-at 8 the fixture's attention kernel took about 0.8 ms per layer and step instead of 1.35 ms."""
+at 8 it is computed once per step into a buffer that the attention's loop reads."""
 
 _compiled_step = None
 

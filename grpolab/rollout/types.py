@@ -55,7 +55,7 @@ class Rollout:
     @property
     def length_key(self) -> torch.Tensor:
         """[N] int64: orders rows by (completion length, real prompt length); sorting by it puts rows
-        of similar widths together (`models.buckets.length_buckets`, `models.buckets.group_buckets`)."""
+        of similar widths together (`forward.buckets.length_buckets`, `forward.buckets.group_buckets`)."""
         prompt_real = self.attention_mask[:, : self.prompt_len].sum(-1)
         return self.completion_lengths * (self.prompt_len + 1) + prompt_real
 

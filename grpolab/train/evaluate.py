@@ -16,7 +16,7 @@ def generate_texts(model, engine: HFEngine, prompts: Sequence[str], batch_size: 
     """One completion per prompt: (texts, truncated flags)."""
     texts, trunc = [], []
     for s in range(0, len(prompts), batch_size):
-        ro = engine.generate(model, prompts[s : s + batch_size], 1, generator=generator, greedy=greedy)
+        ro = engine.generate_with(model, prompts[s : s + batch_size], 1, generator=generator, greedy=greedy)
         texts += decode_completions(engine.tokenizer, ro)
         trunc += ro.truncated.tolist()
     return texts, trunc

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from grpolab.models.forward import batched_logprobs
-from grpolab.rollout.hf import decode_completions
 from grpolab.rollout.types import Rollout, scatter_rows
 from grpolab.train.setup import Setup
 from grpolab.train.stats import StepStats, score_rollout
@@ -32,8 +30,8 @@ def train(s: Setup) -> list[dict]:
         with torch.no_grad(), st.timer("rollout"):
             s.progress.phase("rollout")
             items = s.prompts.next_batch(P)
-            ro = s.engine.generate(s.policy, [it.prompt for it in items], G, generator=s.sample_gen)
-            texts = decode_completions(s.tokenizer, ro)
+            ro = s.engine.generate([it.prompt for it in items], G, generator=s.sample_gen)
+            texts = s.engine.decode(ro)
         with torch.no_grad(), st.timer("score"):
             s.progress.phase("score")
             scores, rewards = score_rollout(s.rewards, items, texts, ro, s.on_reward_error, st)
@@ -41,17 +39,14 @@ def train(s: Setup) -> list[dict]:
             ro = ro.replace(rewards=rewards, advantages=adv, loss_mask=s.train_mask(ro, rewards))
         with torch.no_grad(), st.timer("logprob"):
             if cfg.needs_old_logp_pass:  # else Phase B's first minibatch (all rows, under π_old) records it
-                ro = ro.replace(old_logp=batched_logprobs(
-                    s.train_model, ro, cfg.rollout.temperature, cfg.train.microbatch_size, s.compute_dtype,
-                    cfg.model.padding_free, cfg.model.shared_prompt))
+                ro = ro.replace(old_logp=s.forward.rollout_logprobs(s.train_model, ro))
             if s.reference is not None:
                 with s.reference() as ref:
-                    ro = ro.replace(ref_logp=batched_logprobs(
-                        ref, ro, cfg.rollout.temperature, cfg.train.microbatch_size, s.compute_dtype,
-                        cfg.model.padding_free, cfg.model.shared_prompt))
+                    ro = ro.replace(ref_logp=s.forward.rollout_logprobs(ref, ro))
         # ---------------- Phase B: learning on the frozen rollout.
         with st.timer("learn"):
             learn(s, ro, st)
+        s.engine.load_weights(step + 1, s.policy.state_dict())  # weight sync: the next rollout samples π_new
         row = st.finish(ro, items, texts, scores, s)
         s.after_step(step, row, ro, items, texts, scores)
         rows.append(row)
@@ -64,7 +59,7 @@ def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
     """epochs × minibatches × microbatches; one optimizer step per minibatch.
 
     A minibatch is a random draw of rows (of whole groups with model.shared_prompt); its
-    microbatches (`s.microbatches`) group rows of similar length, so less padding is computed, or,
+    microbatches (`s.forward.chunks`) group rows of similar length, so less padding is computed, or,
     padding-free, carry about equal real tokens. The gradient is the minibatch's either way.
 
     Without a Phase-A old_logp (one minibatch per epoch), epoch 0 forwards every row under π_old
@@ -74,14 +69,14 @@ def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
     cfg = s.cfg
     n = ro.num_sequences
     for epoch in range(cfg.train.epochs):
-        order = s.row_order(n, s.shuffle_gen)
+        order = s.forward.row_order(n, ro.group_size, s.shuffle_gen)
         for mb, mb_idx in enumerate(order.split(cfg.train.minibatch_size)):
             s.progress.phase("learn", f"epoch {epoch + 1}/{cfg.train.epochs} minibatch {mb + 1}/{cfg.minibatches_per_epoch}")
             minibatch = ro.select(mb_idx)
             normalizer = s.objective.normalizer(minibatch.loss_mask)  # fixed before splitting
             s.optimizer.zero_grad(set_to_none=True)
             loss_sum, logps = 0.0, []
-            micros = s.microbatches(minibatch, cfg.train.microbatch_size)  # similar lengths, or equal tokens
+            micros = s.forward.chunks(minibatch, cfg.train.microbatch_size)  # similar lengths, or equal tokens
             for micro_idx in micros:
                 loss, stats = s.objective(s.train_model, minibatch.select(micro_idx), normalizer)
                 loss.backward()

@@ -14,17 +14,16 @@ from typing import Any, Callable
 
 import torch
 
+from grpolab.algo.optim import adamw, lr_lambda
 from grpolab.algo.advantages import make_advantage_fn, zero_std_groups
 from grpolab.config import Config, ConfigError
 from grpolab.report.progress import Progress
 from grpolab.rewards.base import build_reward, probe_rewards
-from grpolab.rollout.hf import HFEngine, keep_freed_memory
-from grpolab.models.compiled import training_module
-from grpolab.models.forward import require_sdpa
-from grpolab.models.buckets import buckets_for, length_buckets
-from grpolab.models.shared_prompt import group_permutation
+from grpolab.forward import LogProbForward
+from grpolab.memory import keep_freed_memory
 from grpolab.models.loading import frozen_copy
-from grpolab.train.objective import Objective, build_objective
+from grpolab.rollout.engine import Engine, build_engine
+from grpolab.train.objective import Objective, SkipEmptyRows, build_loss
 
 
 class TrainingStopped(RuntimeError):
@@ -64,11 +63,11 @@ def load_policy(cfg: Config):
     return model.to(m.device), tok
 
 
-def reference_factory(cfg: Config, policy) -> Callable | None:
+def reference_factory(cfg: Config, policy, forward: LogProbForward) -> Callable | None:
     """A context-manager factory yielding the frozen reference model, or None without a KL.
 
-    Full fine-tune: a frozen copy of the initial policy; with model.compile the factory yields its
-    torch.compile wrapper (same parameters; `factory.model` is the plain copy, for checkpoints).
+    Full fine-tune: a frozen copy of the initial policy, prepared for `forward` (with model.compile
+    its torch.compile wrapper; `factory.model` is the plain copy, for checkpoints).
     LoRA: the policy with adapters disabled (no second copy is loaded; never compiled).
     """
     if not cfg.needs_reference:
@@ -78,40 +77,14 @@ def reference_factory(cfg: Config, policy) -> Callable | None:
 
         return lambda: reference_context(policy)
     ref = frozen_copy(policy)
-    forward = training_module(ref, cfg.model.compile, cfg.model.compile_cpp_wrapper,
-                              cfg.model.compile_scope)
+    ref_module = forward.prepare(ref)
 
     @contextlib.contextmanager
     def ctx():
-        yield forward
+        yield ref_module
 
     ctx.model = ref  # type: ignore[attr-defined]
     return ctx
-
-
-FUSED_ADAMW_DEVICES = ("cpu", "cuda")
-
-
-def adamw(params, *, lr: float, weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999)):
-    """torch's AdamW, with its fused kernel when every parameter is a float tensor on a CPU or CUDA
-    device (what transformers' Trainer picks by default since torch 2.8), else torch's default one.
-    On this 2-core CPU one step over SmolLM2's 134.5M fp32 parameters takes 0.12 s fused against
-    0.48 s foreach (measured side by side); the update is the same to float rounding."""
-    params = list(params)
-    fused = bool(params) and all(p.is_floating_point() and p.device.type in FUSED_ADAMW_DEVICES for p in params)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, fused=fused or None)
-
-
-def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
-    def f(i: int) -> float:
-        if warmup and i < warmup:
-            return (i + 1) / warmup
-        if schedule == "constant":
-            return 1.0
-        frac = min(1.0, (i - warmup) / max(1, total - warmup))
-        return 0.5 * (1 + math.cos(math.pi * frac)) if schedule == "cosine" else 1.0 - frac
-
-    return f
 
 
 def check_prompt_lengths(cfg: Config, policy, tokenizer, prompts) -> None:
@@ -154,8 +127,10 @@ class Setup:
     cfg: Config
     policy: torch.nn.Module
     tokenizer: Any
-    engine: HFEngine
-    objective: Objective
+    engine: Engine
+    forward: LogProbForward
+    """The log-prob forward of Phase A's π_old / π_ref passes and Phase B's microbatches."""
+    objective: Objective | SkipEmptyRows
     advantage_fn: Callable
     rewards: list
     prompts: Any
@@ -176,13 +151,6 @@ class Setup:
     train_model: Any = None
     """What the log-prob forwards call (Phase B, and Phase A's π_old pass): the policy, or its compiled
     wrapper (model.compile); same parameters."""
-    row_order: Callable[[int, torch.Generator], torch.Tensor] = lambda n, gen: torch.randperm(n, generator=gen)
-    """Phase B's shuffle of a step's N rows, drawn from `shuffle_gen`: a random permutation [N]
-    (whole groups together with model.shared_prompt)."""
-    microbatches: Callable[[Any, int], list[torch.Tensor]] = length_buckets
-    """(minibatch, rows per microbatch) -> row indices per microbatch (`models.buckets.buckets_for`):
-    rows, or whole groups with model.shared_prompt, of similar length; padding-free, with about equal
-    real tokens per microbatch."""
 
     def __post_init__(self) -> None:
         if self.train_model is None:
@@ -245,9 +213,6 @@ class Setup:
 def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress=None) -> Setup:
     """Builds a Setup; pass a policy/tokenizer (e.g. the SFT'd π0) or let cfg.model load one."""
     cfg.validate()
-    if cfg.train.world_size > 1 and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        raise ValueError(f"train.world_size={cfg.train.world_size} needs torch.distributed (launch with torchrun); "
-                         "on one process set train.world_size=1")
     rewards = []
     for spec in cfg.rewards:
         fn = build_reward(spec.name, **spec.kwargs)
@@ -257,9 +222,9 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     if policy is None:
         policy, tokenizer = load_policy(cfg)
     policy.train()
-    if cfg.model.padding_free or cfg.model.shared_prompt:  # switched now, not at the first log-prob pass
-        require_sdpa(policy, "model.padding_free" if cfg.model.padding_free else "model.shared_prompt")
     dtype = resolve_compute_dtype(cfg.model.dtype, cfg.model.device)
+    forward = LogProbForward.from_config(cfg, dtype)
+    train_model = forward.prepare(policy)  # attention switched now, before any rollout
     if prompts is None:
         from grpolab.data.build import prompt_stream
 
@@ -276,26 +241,18 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     device = next(policy.parameters()).device
     if cfg.train.keep_freed_memory and device.type == "cpu":
         keep_freed_memory()
-    r = cfg.rollout
-    grouped = {}
-    if cfg.model.shared_prompt:  # Phase B forwards whole groups
-        grouped = dict(row_order=lambda n, gen: group_permutation(n, r.group_size, gen))
     return Setup(
         cfg=cfg, policy=policy, tokenizer=tokenizer,
-        engine=HFEngine(tokenizer, r.max_new_tokens, r.temperature, r.top_p, r.top_k, dtype, compile=r.compile,
-                        bf16_weights=r.bf16_weights, packed_weights=r.packed_weights),
-        objective=build_objective(cfg.loss, r, dtype, cfg.model.padding_free, cfg.model.shared_prompt),
+        engine=build_engine(cfg, policy, tokenizer, dtype), forward=forward,
+        objective=build_loss(cfg.loss, cfg.rollout, forward),
         advantage_fn=make_advantage_fn(cfg.loss.advantage, cfg.loss.std, cfg.loss.std_eps),
         rewards=rewards, prompts=prompts, optimizer=opt, scheduler=sched,
         sample_gen=torch.Generator(device=device).manual_seed(cfg.train.seed),
         shuffle_gen=torch.Generator().manual_seed(cfg.train.seed + 1),
-        reference=reference_factory(cfg, policy), compute_dtype=dtype,
+        reference=reference_factory(cfg, policy, forward), compute_dtype=dtype,
         progress=progress if progress is not None else Progress(cfg.train.steps, enabled=False),
         on_reward_error=cfg.train.on_reward_error,
         peak_flops=cfg.run.peak_tflops * 1e12,
         n_params=sum(p.numel() for p in policy.parameters()),
-        train_model=training_module(policy, cfg.model.compile, cfg.model.compile_cpp_wrapper,
-                              cfg.model.compile_scope),
-        microbatches=buckets_for(cfg.model.padding_free, cfg.model.shared_prompt),
-        **grouped,
+        train_model=train_model,
     )

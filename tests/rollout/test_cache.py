@@ -57,7 +57,7 @@ def test_engine_same_samples_with_and_without_preallocated_cache(tiny, dtype):
     out = []
     for pre in (False, True):
         eng = HFEngine(tok, max_new_tokens=10, compute_dtype=dtype, preallocate_cache=pre)
-        out.append(eng.generate(model, prompts, 4, generator=torch.Generator().manual_seed(3)))
+        out.append(eng.generate_with(model, prompts, 4, generator=torch.Generator().manual_seed(3)))
     a, b = out
     assert torch.equal(a.input_ids, b.input_ids)
     assert torch.equal(a.loss_mask, b.loss_mask)
@@ -73,7 +73,7 @@ def test_bf16_weights_cast_once_gives_the_same_samples_as_autocast_per_step(tiny
 
     model, tok = tiny
     prompts = ["12+7=", "3-1="]
-    once = HFEngine(tok, max_new_tokens=10, compute_dtype=torch.bfloat16).generate(
+    once = HFEngine(tok, max_new_tokens=10, compute_dtype=torch.bfloat16).generate_with(
         model, prompts, 4, generator=torch.Generator().manual_seed(5))
     real = hf.autocast
     monkeypatch.setattr(hf, "autocast", lambda *a, **k: contextlib.nullcontext())
@@ -85,6 +85,6 @@ def test_bf16_weights_cast_once_gives_the_same_samples_as_autocast_per_step(tiny
             return inner(model, cache, **kw)
 
     eng._forward = per_step
-    each = eng.generate(model, prompts, 4, generator=torch.Generator().manual_seed(5))
+    each = eng.generate_with(model, prompts, 4, generator=torch.Generator().manual_seed(5))
     assert torch.equal(once.input_ids, each.input_ids)
     torch.testing.assert_close(once.sampler_logp, each.sampler_logp)

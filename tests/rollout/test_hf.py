@@ -1,4 +1,4 @@
-"""HFEngine with rollout.bf16_weights (sampling from a per-call bfloat16 copy of the policy); the heap policy."""
+"""HFEngine with rollout.bf16_weights (sampling from a per-call bfloat16 copy of the policy); the Engine protocol."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_bf16_weights_samples_from_the_bf16_copy_and_restores_the_policy(tiny):
 
     def generate(policy, bf16_weights):
         eng = HFEngine(tok, max_new_tokens=10, compute_dtype=torch.bfloat16, bf16_weights=bf16_weights)
-        return eng.generate(policy, PROMPTS, 2, generator=torch.Generator().manual_seed(0))
+        return eng.generate_with(policy, PROMPTS, 2, generator=torch.Generator().manual_seed(0))
 
     ro = generate(model, True)
     assert model.training and next(model.parameters()).dtype == torch.float32
@@ -42,38 +42,20 @@ def test_bf16_weights_samples_from_the_bf16_copy_and_restores_the_policy(tiny):
     assert not torch.equal(ro.sampler_logp, plain.sampler_logp)
 
 
-class _FakeLibc:
-    """Records the glibc calls of release_free_memory / keep_freed_memory."""
+def test_hf_engine_follows_the_engine_protocol_and_samples_from_its_policy(tiny):
+    """`generate` samples from the bound policy (the same tokens as `generate_with`); `load_weights`
+    of the policy's own state records the version only; other tensors are copied in."""
+    from grpolab.rollout.engine import Engine
 
-    def __init__(self):
-        self.calls = []
-
-    def malloc_trim(self, pad):
-        self.calls.append(("malloc_trim", pad))
-
-    def mallopt(self, param, value):
-        self.calls.append(("mallopt", param, value))
-        return 1
-
-
-def test_keep_freed_memory_raises_the_thresholds_and_stops_the_trims(monkeypatch):
-    import grpolab.rollout.hf as hf
-
-    libc = _FakeLibc()
-    monkeypatch.setattr(hf, "_LIBC", libc)
-    monkeypatch.setattr(hf, "_KEEP_FREED", False)  # restored after the test: the switch is process-wide
-    hf.release_free_memory()
-    assert libc.calls == [("malloc_trim", 0)]
-    assert hf.keep_freed_memory() is True
-    assert libc.calls[1:] == [("mallopt", -3, 1 << 30), ("mallopt", -1, 1 << 30)]  # M_MMAP_, M_TRIM_THRESHOLD
-    hf.release_free_memory()
-    assert len(libc.calls) == 3  # no further trim
-
-
-def test_keep_freed_memory_without_glibc_changes_nothing(monkeypatch):
-    import grpolab.rollout.hf as hf
-
-    monkeypatch.setattr(hf, "_LIBC", False)
-    monkeypatch.setattr(hf, "_KEEP_FREED", False)
-    assert hf.keep_freed_memory() is False
-    assert hf._KEEP_FREED is False
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]
+    eng = HFEngine(tok, max_new_tokens=6, model=model)
+    assert isinstance(eng, Engine)
+    got = eng.generate(PROMPTS, 2, generator=torch.Generator().manual_seed(0))
+    want = eng.generate_with(model, PROMPTS, 2, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(got.input_ids, want.input_ids) and len(eng.decode(got)) == 6
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    eng.load_weights(1, model.state_dict())
+    assert eng.weight_version == 1 and all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    other = {k: torch.zeros_like(v) for k, v in before.items()}
+    eng.load_weights(2, other)
+    assert eng.weight_version == 2 and all(bool((v == 0).all()) for v in model.state_dict().values())

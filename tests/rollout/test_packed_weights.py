@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab.models.forward import batched_logprobs
+from grpolab.forward import batched_logprobs
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.rollout import packed
 from grpolab.rollout.hf import HFEngine
@@ -18,7 +18,7 @@ PROMPTS = ["12+7=", "3-1=", "99+99=", "1234+5678="]
 
 def _generate(model, tok, packed_weights, greedy, seed=3):
     eng = HFEngine(tok, max_new_tokens=12, packed_weights=packed_weights)
-    return eng.generate(model, PROMPTS, 3, generator=torch.Generator().manual_seed(seed), greedy=greedy)
+    return eng.generate_with(model, PROMPTS, 3, generator=torch.Generator().manual_seed(seed), greedy=greedy)
 
 
 def _linears(model):

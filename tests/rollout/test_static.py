@@ -7,8 +7,9 @@ import weakref
 
 import torch
 
-from grpolab.models import forward
-from grpolab.models.forward import batched_logprobs, short_attention
+from grpolab.forward import attention
+from grpolab.forward import batched_logprobs
+from grpolab.forward.math_attention import short_attention
 from grpolab.rollout import static
 from grpolab.rollout.hf import HFEngine
 
@@ -18,7 +19,7 @@ PROMPTS = ["12+7=", "3-1=", "99+99=", "1234+5678="]
 
 def _generate(model, tok, compile_, greedy, seed=3):
     eng = HFEngine(tok, max_new_tokens=12, compile=compile_)
-    return eng.generate(model, PROMPTS, 3, generator=torch.Generator().manual_seed(seed), greedy=greedy)
+    return eng.generate_with(model, PROMPTS, 3, generator=torch.Generator().manual_seed(seed), greedy=greedy)
 
 
 def test_greedy_tokens_equal_the_eager_loop(tiny, monkeypatch):
@@ -57,7 +58,7 @@ def test_the_compiling_rollout_does_not_leave_its_static_cache_behind(tiny, monk
     eng = HFEngine(tok, max_new_tokens=6, compile=True)
     gc.disable()
     try:
-        eng.generate(model, PROMPTS[:3], 5, generator=torch.Generator().manual_seed(0))  # 15 rows: a new graph
+        eng.generate_with(model, PROMPTS[:3], 5, generator=torch.Generator().manual_seed(0))  # 15 rows: a new graph
         cache = weakref.ref(caches.pop())
         assert cache() is None
     finally:
@@ -98,13 +99,13 @@ def test_a_fresh_bf16_copy_per_rollout_does_not_recompile_the_step(tiny):
 
     model, tok = copy.deepcopy(tiny[0]), tiny[1]
     eng = HFEngine(tok, max_new_tokens=6, compute_dtype=torch.bfloat16, compile=True, bf16_weights=True)
-    first = eng.generate(model, PROMPTS, 2, generator=torch.Generator().manual_seed(0))  # compiles
+    first = eng.generate_with(model, PROMPTS, 2, generator=torch.Generator().manual_seed(0))  # compiles
     with torch.no_grad():
         model.lm_head.weight.add_(0.01)  # an optimizer step between rollouts
     # torch's own patch, not monkeypatch: pytest 9.2's undo deletes the attribute (a torch config
     # entry, not in the module's __dict__), which hides it and breaks dynamo's next recompilation
     with torch._dynamo.config.patch(error_on_recompile=True):
-        second = eng.generate(model, PROMPTS, 2, generator=torch.Generator().manual_seed(0))
+        second = eng.generate_with(model, PROMPTS, 2, generator=torch.Generator().manual_seed(0))
     assert not torch.equal(first.sampler_logp, second.sampler_logp)  # the new weights were used
 
 
@@ -118,11 +119,11 @@ def test_bf16_compiled_loop_runs_decode_attention_and_records_the_policy_s_log_p
 
     model, tok = copy.deepcopy(tiny[0]), tiny[1]
     eng = HFEngine(tok, max_new_tokens=12, compute_dtype=torch.bfloat16, compile=True)
-    eng.generate(model, PROMPTS, 3, generator=torch.Generator().manual_seed(3))  # compiles
+    eng.generate_with(model, PROMPTS, 3, generator=torch.Generator().manual_seed(3))  # compiles
     short_calls = []
-    monkeypatch.setattr(forward, "short_attention", lambda *a, **k: short_calls.append(1) or short_attention(*a, **k))
+    monkeypatch.setattr(attention, "short_attention", lambda *a, **k: short_calls.append(1) or short_attention(*a, **k))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        ro = eng.generate(model, PROMPTS, 3, generator=torch.Generator().manual_seed(3))
+        ro = eng.generate_with(model, PROMPTS, 3, generator=torch.Generator().manual_seed(3))
     sdpa = [e.count for e in prof.key_averages() if "scaled_dot_product" in e.key and "flash" in e.key]
     assert ro.completion_ids.shape[1] > 2 and sum(sdpa) == 0
     assert len(short_calls) == model.config.num_hidden_layers  # the prefill, once per layer

@@ -3,6 +3,7 @@
 import copy
 
 import pytest
+from functools import partial
 import torch
 
 from grpolab import config as C
@@ -102,7 +103,7 @@ def test_single_minibatch_single_epoch_skips_old_logp_pass():
 def test_one_minibatch_per_epoch_records_old_logp_in_epoch_zero(monkeypatch):
     """μ = 2 with one minibatch: no Phase-A pass; epoch 0 (all rows, before its optimizer step)
     records π_old's log-probs, and the update equals the one with a separate π_old pass."""
-    from grpolab.models.forward import batched_logprobs
+    from grpolab.forward import batched_logprobs
 
     cfg = _cfg("train.minibatch_size=16", "train.microbatch_size=4", "train.steps=1", "train.max_grad_norm=0")
     assert cfg.minibatches_per_epoch == 1 and not cfg.needs_old_logp_pass
@@ -161,23 +162,26 @@ def test_microbatch_size_does_not_change_the_update(agg):
 def test_padding_free_forwards_give_the_same_training(monkeypatch):
     """model.padding_free: Phase A's π_old / π_ref passes and Phase B's microbatches forward only
     real tokens; in fp64 two steps (μ = 2, KL, 2 minibatches) end at the same weights."""
-    results, calls = [], []
-    real = grpo.batched_logprobs
+    import dataclasses
 
-    def spy(*a, **k):
-        calls.append(a[5] if len(a) > 5 else k.get("padding_free"))  # (model, ro, temp, size, dtype, padding_free, ...)
-        return real(*a, **k)
+    from grpolab.forward import LAYOUTS, LogProbForward
 
-    import grpolab.models.forward as fwd
+    results, calls, packed = [], [], []
+    real_pass = LogProbForward.rollout_logprobs
 
-    packed, real_packed = [], fwd.packed_completion_logprobs
-    monkeypatch.setattr(grpo, "batched_logprobs", spy)
-    monkeypatch.setattr(fwd, "packed_completion_logprobs", lambda *a, **k: packed.append(1) or real_packed(*a, **k))
+    def spy(fwd, model, ro):
+        calls.append(fwd.layout.name)
+        return real_pass(fwd, model, ro)
+
+    monkeypatch.setattr(LogProbForward, "rollout_logprobs", spy)
+    layout = LAYOUTS["padding_free"]
+    monkeypatch.setitem(LAYOUTS, "padding_free", dataclasses.replace(
+        layout, logprobs=lambda *a, **k: packed.append(1) or layout.logprobs(*a, **k)))
     for padding_free in (False, True):
         cfg = _cfg(f"model.padding_free={str(padding_free).lower()}", "loss.kl_coef=0.04", "train.minibatch_size=8",
                    "rollout.max_new_tokens=8", "rollout.temperature=2.0")
         s = _setup(cfg)
-        assert s.objective.padding_free is padding_free
+        assert s.forward.layout.name == ("padding_free" if padding_free else "padded")
         s.policy.double()
         s.reference().__enter__().double()
         rows = grpo.train(s)
@@ -185,7 +189,7 @@ def test_padding_free_forwards_give_the_same_training(monkeypatch):
         assert (len(packed) > 0) is padding_free
     # per step: 2 chunks each for π_old and π_ref, 2 epochs × 2 minibatches of one microbatch
     assert len(packed) == 2 * (2 + 2 + 4)
-    assert calls == [False] * 4 + [True] * 4  # old + ref pass per step, each run
+    assert calls == ["padded"] * 4 + ["padding_free"] * 4  # old + ref pass per step, each run
     (want, want_rows), (got, got_rows) = results
     assert [r["len/mean"] for r in got_rows] == [r["len/mean"] for r in want_rows]  # same samples
     for k in want:
@@ -199,23 +203,28 @@ def test_shared_prompt_forwards_give_the_same_training(monkeypatch, minibatch, m
     group order, two steps (μ = 2, KL) end at the same weights: with 2 minibatches of 2 one-group
     microbatches (a π_old pass), and with one minibatch of 2 two-group microbatches (epoch 0 records
     π_old from the grouped forward); and the latter with model.padding_free too (packed groups)."""
-    import grpolab.models.forward as fwd
-    from grpolab.models.shared_prompt import group_permutation
+    import dataclasses
+
+    from grpolab.forward import LAYOUTS, LogProbForward
+    from grpolab.forward.shared_prompt import group_permutation
 
     grouped = []
-    for name in ("grouped_completion_logprobs", "packed_grouped_completion_logprobs"):
-        real = getattr(fwd, name)
-        monkeypatch.setattr(fwd, name, lambda model, ids, *a, real=real, name=name, **k:
-                            grouped.append((name, ids.shape[0])) or real(model, ids, *a, **k))
+    for name in ("shared_prompt", "padding_free+shared_prompt"):
+        layout = LAYOUTS[name]
+        monkeypatch.setitem(LAYOUTS, name, dataclasses.replace(
+            layout, logprobs=lambda model, ids, *a, real=layout.logprobs, name=name:
+            grouped.append((name, ids.shape[0])) or real(model, ids, *a)))
+    real_order = LogProbForward.row_order
     results, orders = [], []
     for shared in (False, True):
         cfg = _cfg(f"model.shared_prompt={str(shared).lower()}", "loss.kl_coef=0.04", f"train.minibatch_size={minibatch}",
                    f"train.microbatch_size={microbatch}", "rollout.max_new_tokens=8", "rollout.temperature=2.0",
                    f"model.padding_free={str(shared and padding_free).lower()}")
         s = _setup(cfg)
-        assert s.objective.shared_prompt is shared and cfg.needs_old_logp_pass is (minibatch < 16)
-        draw = (lambda n, gen: group_permutation(n, cfg.rollout.group_size, gen)) if not shared else s.row_order
-        s.row_order = lambda n, gen, draw=draw: orders.append(draw(n, gen)) or orders[-1]
+        assert s.forward.layout.whole_groups is shared and cfg.needs_old_logp_pass is (minibatch < 16)
+        draw = (lambda n, g, gen: group_permutation(n, g, gen)) if not shared else partial(real_order, s.forward)
+        monkeypatch.setattr(LogProbForward, "row_order",
+                            lambda self, n, g, gen, draw=draw: orders.append(draw(n, g, gen)) or orders[-1])
         s.policy.double()
         s.reference().__enter__().double()
         rows = grpo.train(s)
@@ -224,7 +233,7 @@ def test_shared_prompt_forwards_give_the_same_training(monkeypatch, minibatch, m
     # per step, 16 rows in chunks of `microbatch`: the π_old pass (2 minibatches only), the π_ref pass,
     # 2 epochs of 16 rows in Phase B
     chunks = 16 // microbatch
-    name = "packed_grouped_completion_logprobs" if padding_free else "grouped_completion_logprobs"
+    name = "padding_free+shared_prompt" if padding_free else "shared_prompt"
     assert grouped == [(name, microbatch)] * 2 * ((chunks if minibatch < 16 else 0) + chunks + 2 * chunks)
     half = len(orders) // 2
     for a, b in zip(orders[:half], orders[half:]):
@@ -274,7 +283,7 @@ def test_microbatches_group_rows_of_similar_length():
 def test_model_compile_runs_the_old_and_reference_passes_through_the_compiled_wrappers(monkeypatch):
     """With model.compile, Phase A's π_old pass calls train_model (the compiled policy) and the π_ref
     pass the reference factory's compiled wrapper; generation keeps the plain policy."""
-    from grpolab.models.compiled import CompiledBlocks
+    from grpolab.forward.compiled import CompiledBlocks
 
     cfg = _cfg("model.compile=true", "train.minibatch_size=4", "train.microbatch_size=4", "train.steps=1",
                "loss.kl_coef=0.04")
@@ -282,15 +291,18 @@ def test_model_compile_runs_the_old_and_reference_passes_through_the_compiled_wr
     s = _setup(cfg)
     seen = []
 
-    def spy(model, ro, *a):  # records the module, returns zeros instead of compiling it here
+    def spy(fwd, model, ro):  # records the module, returns zeros instead of compiling it here
         seen.append(model)
         return torch.zeros(ro.loss_mask.shape)
 
-    monkeypatch.setattr(grpo, "batched_logprobs", spy)
+    from grpolab.forward import LogProbForward
+
+    monkeypatch.setattr(LogProbForward, "rollout_logprobs", spy)
     monkeypatch.setattr(grpo, "learn", lambda *a: None)
     generated_by = []
-    generate = s.engine.generate
-    monkeypatch.setattr(s.engine, "generate", lambda model, *a, **k: generated_by.append(model) or generate(model, *a, **k))
+    generate = s.engine.generate_with
+    monkeypatch.setattr(s.engine, "generate_with",
+                        lambda model, *a, **k: generated_by.append(model) or generate(model, *a, **k))
     grpo.train(s)
     with s.reference() as ref:
         assert seen == [s.train_model, ref]

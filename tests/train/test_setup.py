@@ -2,7 +2,7 @@
 
 import torch
 
-from grpolab.train.setup import adamw
+from grpolab.algo.optim import adamw
 
 
 def _params(seed: int, device: str = "cpu") -> list[torch.nn.Parameter]:
@@ -37,7 +37,8 @@ def test_model_compile_compiles_the_reference_and_old_logprob_forwards_not_the_c
 
     from grpolab import config as C
     from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
-    from grpolab.models.compiled import CompiledBlocks, training_module
+    from grpolab.forward import LogProbForward
+    from grpolab.forward.compiled import CompiledBlocks, training_module
     from grpolab.train.setup import reference_factory
 
     tok = build_char_tokenizer()
@@ -47,7 +48,7 @@ def test_model_compile_compiles_the_reference_and_old_logprob_forwards_not_the_c
         compile_, *scope = setting.split()
         cfg = C.from_preset("grpo", [f"model.compile={compile_}", "loss.kl_coef=0.04",
                                      f"model.compile_scope={scope[0] if scope else 'blocks'}"])
-        factory = reference_factory(cfg, policy)
+        factory = reference_factory(cfg, policy, LogProbForward.from_config(cfg, None))
         with factory() as ref:
             assert isinstance(ref, wrapper)  # wrapping is lazy: nothing compiles here
             assert (ref is factory.model) == (compile_ == "false")
@@ -80,7 +81,7 @@ def test_padding_free_microbatches_carry_equal_tokens_padded_ones_similar_length
     from grpolab import config as C
     from grpolab.data.arith import ArithTask
     from grpolab.data.stream import ArithStream
-    from grpolab.models.buckets import balanced_buckets, group_buckets, length_buckets
+    from grpolab.forward.buckets import balanced_buckets, group_buckets, length_buckets
     from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer()
@@ -90,10 +91,13 @@ def test_padding_free_microbatches_carry_equal_tokens_padded_ones_similar_length
                                          f"model.shared_prompt={str(shared).lower()}", "run.progress=false"])
             policy = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=0)
             s = S.build_setup(cfg, policy=policy, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))
-            if padding_free:
-                assert s.microbatches.func is balanced_buckets and s.microbatches.keywords == {"whole_groups": shared}
+            chunks = s.forward.layout.chunks
+            if padding_free and shared:
+                assert chunks.func is balanced_buckets and chunks.keywords == {"whole_groups": True}
+            elif padding_free:
+                assert chunks is balanced_buckets
             else:
-                assert s.microbatches is (group_buckets if shared else length_buckets)
+                assert chunks is (group_buckets if shared else length_buckets)
 
 
 def test_padding_free_and_shared_prompt_switch_the_attention_before_the_first_rollout():
@@ -105,7 +109,7 @@ def test_padding_free_and_shared_prompt_switch_the_attention_before_the_first_ro
     from grpolab import config as C
     from grpolab.data.arith import ArithTask
     from grpolab.data.stream import ArithStream
-    from grpolab.models.forward import FAST_CPU_ATTENTION
+    from grpolab.forward.attention import FAST_CPU_ATTENTION
     from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer()

@@ -1,4 +1,4 @@
-"""Command line: grpolab demo | train | sft | eval | rm | report | compare."""
+"""Command line: grpolab demo | train | sft | eval | rm | report | compare | config."""
 
 from __future__ import annotations
 
@@ -156,6 +156,18 @@ def _compare(args) -> int:
     return 0
 
 
+def _config(args) -> int:
+    from grpolab import config as C
+    from grpolab.config_reference import config_reference
+
+    if args.config not in C.PRESETS and not Path(args.config).is_file():
+        raise C.ConfigError(f"{args.config!r} is neither a preset ({', '.join(C.PRESETS)}) nor a config file")
+    cfg = _load_cfg(args)
+    title = " ".join(["grpolab config", args.config, *args.overrides])
+    print(config_reference(cfg, title), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpolab", description="GRPO and the SFT-to-GRPO spectrum")
     sub = p.add_subparsers(dest="command", required=True)
@@ -196,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run_dirs", nargs="+")
     c.add_argument("--out", default="compare.html")
     c.set_defaults(fn=_compare)
+
+    k = sub.add_parser("config", help="print every config field of a preset or YAML file: value, type, doc, choices")
+    k.add_argument("config", help="a preset name (grpo, dapo, ...) or a YAML file")
+    k.add_argument("overrides", nargs="*", help="key=value overrides, e.g. loss.loss_agg=token-mean")
+    k.set_defaults(fn=_config)
 
     try:
         from grpolab import cli_rm

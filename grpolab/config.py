@@ -12,14 +12,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpolab import config_io
+from grpolab.errors import ConfigError
+
+__all__ = ["Config", "ConfigError", "DataConfig", "LossConfig", "ModelConfig", "PRESETS", "RewardSpec", "RolloutConfig",
+           "RunConfig", "SFTConfig", "TrainConfig", "dump", "from_preset", "load"]
 
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The policy model, and how its log-prob forwards run."""
+
     name_or_path: str = "builtin:tiny"
     """Policy model: 'builtin:tiny' (built locally), an HF folder, a .gguf file, or 'smollm2-135m-instruct'."""
     dtype: str = "float32"
-    """Compute dtype: float32 | bfloat16 (autocast; master weights stay float32) | auto (bf16 if the CPU/GPU has it)."""
+    """Compute dtype: float32; bfloat16 (autocast, master weights stay float32); auto (bfloat16 where
+    the CPU or GPU supports it, else float32)."""
     device: str = "cpu"
     """Torch device for the policy, e.g. cpu or cuda."""
     hidden_size: int = 128
@@ -34,53 +41,43 @@ class ModelConfig:
     """LoRA scaling alpha."""
     compile: bool = False
     """torch.compile the log-prob forwards: the policy's training forward (Phase B) and the no-grad
-    π_old / π_ref passes of Phase A (a LoRA reference stays eager), per model.compile_scope; dynamic
-    shapes, so widths that change from step to step do not recompile. The first step pays the
-    compilation (about a minute on a CPU). bench/vs_trl.py's tiny fixture, bf16, 3 A/B runs: learning 1.34 -> 0.91 s
-    per step (1.47x), whole step 1.25x, peak RSS +20 MB; its reference pass 0.21-0.24 -> 0.15-0.16 s."""
+    π_old / π_ref passes of Phase A (a LoRA reference stays eager), per model.compile_scope. Shapes
+    are dynamic, so widths that change from step to step do not recompile. The first step pays the
+    compilation (about a minute on a CPU); later steps are faster, most on small models whose
+    forward is overhead-bound, at a small cost in peak memory."""
     compile_scope: str = "blocks"
     """With model.compile: 'blocks' compiles each transformer block (decoder layer) and runs the rest
-    eagerly; all blocks share one graph, so compilation time does not grow with depth (SmolLM2-135M's
-    30 layers: about 25 s, against about 5 minutes as one graph). 'model' compiles the whole model
-    as one graph (the bench's 4-layer fixture: learning phase within noise of 'blocks'). A model
-    whose blocks are not found (no `_no_split_modules`) is compiled whole."""
+    eagerly; all blocks share one graph, so compilation time does not grow with depth. 'model'
+    compiles the whole model as one graph, which takes much longer to compile on deep models. A
+    model whose blocks are not found (no `_no_split_modules`) is compiled whole."""
     compile_cpp_wrapper: bool = False
-    """With model.compile: inductor's C++ wrapper calls the compiled kernels without Python in between.
-    Pays on small models whose graphs are many short kernels (bench fixture, bf16: learning phase
-    0.78-0.80 vs 1.04 s per step, compilation no longer); on SmolLM2-135M (30 layers) compiling the
-    generated C++ did not finish within 16 minutes, so it is off by default."""
+    """With model.compile: inductor's C++ wrapper calls the compiled kernels without Python in
+    between. Pays on small models whose graphs are many short kernels; on deep models compiling the
+    generated C++ can take too long to be practical, so it is off by default. Needs model.compile."""
     padding_free: bool = False
     """The log-prob forwards (Phase B's training microbatches, Phase A's π_old / π_ref passes) pack
     each chunk's real tokens into one row: the linear layers and the LM head compute no padding, and
-    attention stays within each original row: in bf16 on a CPU, rows of at most 128 tokens are
-    gathered right-padded for two bf16 matmuls around a float32 softmax (models/padded_attention.py),
-    longer ones run one SDPA call each. Same log-probs up to the compute dtype's rounding. The row is
-    padded to one of 16 sizes per power of two (`padded_attention.padded_count`): oneDNN builds and
-    keeps a bf16 kernel per matrix size (about 6-10 MB of peak RSS each on the bench fixture), so the
-    chunks of a pass get about equal real tokens (`models.buckets.balanced_buckets`), not rows of
-    similar length: one size per pass. Pays when rows differ in length (SmolLM2-135M, bf16, 32 rows
-    of 69 % real tokens: forward+backward 4.1-4.3 vs 5.5-6.3 s). Needs SDPA attention (no sliding window).
-    Combines with model.compile: the row maps are graph inputs, so batches with other rows reuse the
-    graph."""
+    attention stays within each original row (short rows in bf16 on a CPU go through
+    forward/padded_attention.py, longer ones through one SDPA call each). Same log-probs up to the
+    compute dtype's rounding. Chunks are cut to about equal real tokens
+    (`forward.buckets.balanced_buckets`) and padded to a few fixed sizes, so kernels built per
+    matrix size are reused. Pays when rows differ much in length. Needs SDPA attention without a
+    sliding window; combines with model.compile (the row maps are graph inputs)."""
     shared_prompt: bool = False
     """The log-prob forwards compute each group's prompt once instead of G times: a group goes through
     the model as one row [prompt | completion 1 | ... | completion G], and attention keeps each
-    completion to its prompt and itself (models/shared_prompt.py). Same log-probs up to the compute
+    completion to its prompt and itself (forward/shared_prompt.py). Same log-probs up to the compute
     dtype's rounding. With model.padding_free too, one row of the batch's distinct real tokens:
-    neither padding nor prompt copies are computed. Pays when prompts are long next to completions
-    (bench/shared_prompt.py, bf16, one microbatch, grouped / padded time, forward+backward and
-    no-grad: the bench fixture with 48-token prompts and 16-token completions 0.43-0.47x and
-    0.51-0.55x; SmolLM2-135M with 64 and 32 0.48x and 0.52x, with 11 and 32 0.77x and 0.90x, and
-    0.79x and 0.79x against padding-free rows); with the fixture's 6-token prompts little or not
-    (eager 0.91x and 0.96x, compiled 0.98-1.09x and 0.96x, measured before the compiled layout change
-    lost its slow index kernels: bench/README.md, twenty-first session). SmolLM2 bench step with
-    model.padding_free: 9.4 s with this on, 10.5 s off. Phase B shuffles whole groups and cuts
-    minibatches and microbatches in whole groups, so train.minibatch_size and train.microbatch_size
-    must be multiples of rollout.group_size. Needs SDPA attention without a sliding window."""
+    neither padding nor prompt copies are computed. Pays when prompts are long next to completions;
+    with short prompts it gains little. Phase B shuffles whole groups and cuts minibatches and
+    microbatches in whole groups, so train.minibatch_size and train.microbatch_size must be
+    multiples of rollout.group_size. Needs SDPA attention without a sliding window."""
 
 
 @dataclass(frozen=True)
 class DataConfig:
+    """Where prompts come from, and the held-out split."""
+
     source: str = "builtin:arith"
     """Prompt source: 'builtin:arith', 'jsonl:PATH', 'hf:PATH' (local datasets files) or 'rg:TASK' (reasoning-gym)."""
     eval_prompts: int = 256
@@ -104,6 +101,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
+    """Phase A: sampling completions from the policy."""
+
     prompts_per_step: int = 16
     """P: prompts per training step (Phase A batch)."""
     group_size: int = 8
@@ -117,38 +116,39 @@ class RolloutConfig:
     top_k: int = 0
     """Top-k sampling (0 = off)."""
     engine: str = "hf"
-    """Generation engine: hf (the only one so far; vllm, the planned GPU engine, is rejected)."""
+    """Generation engine of Phase A, a key of rollout.engine.ENGINES (see the choices below)."""
     compile: bool = False
     """hf engine: decode with a static KV cache and a torch.compile'd step (rollout/static.py).
-    Pays on small models whose decode step is overhead-bound (bench fixture: about 1.3× faster
-    rollouts), not on SmolLM2-135M; each new (rows, prompt width bucket) compiles once (~20-90 s),
-    and finished rows keep decoding instead of leaving the batch."""
+    Pays on small models whose decode step is overhead-bound, not on larger ones; each new (rows,
+    prompt width bucket) compiles once (tens of seconds), and finished rows keep decoding instead
+    of leaving the batch."""
     bf16_weights: bool = False
     """hf engine, bf16 compute: sample from a bfloat16 copy of the policy's weights, made at the start
     of each rollout and freed after it. Pays with rollout.compile, whose compiled step otherwise
-    re-casts the float32 weights at every step (bench fixture: generation 8-31 % faster); the eager
-    loop casts once per rollout anyway (no gain measured on SmolLM2). The sampler then differs from
-    π_old's forward by bf16 rounding, as a vLLM sampler does; the loss still takes log π_old from the
-    training forward. Rejected with model.dtype=float32; ignored when model.dtype=auto resolves to
-    float32 (a CPU without bf16)."""
+    re-casts the float32 weights at every step; the eager loop casts once per rollout anyway. The
+    sampler then differs from π_old's forward by bf16 rounding, as a vLLM sampler does; the loss
+    still takes log π_old from the training forward. Rejected with model.dtype=float32; ignored
+    when model.dtype=auto resolves to float32 (a CPU without bf16)."""
     packed_weights: bool = False
     """hf engine, float32 on a CPU, eager loop: the decode's linear layers multiply by oneDNN-packed
     copies of their weights, made at the start of each rollout and freed after it (rollout/packed.py).
-    Pays where the decode's products are skinny against large weights (SmolLM2-135M, 32 rows, on an
-    AVX2 AMD CPU: generation 5.57 → 3.73 s per GRPO step), not on the bench fixture (hidden 256);
-    costs the linear weights' size again in memory during the rollout. Rejected with
-    rollout.compile=true and model.dtype=bfloat16; ignored when model.dtype=auto resolves to
-    bfloat16, and on a GPU."""
+    Pays where the decode's products are skinny against large weights (models of ~100M parameters
+    and up), not on tiny ones; costs the linear weights' size again in memory during the rollout.
+    Rejected with rollout.compile=true and model.dtype=bfloat16; ignored when model.dtype=auto
+    resolves to bfloat16, and on a GPU."""
 
 
 @dataclass(frozen=True)
 class LossConfig:
+    """The training objective: policy loss, advantages, KL penalty, aggregation."""
+
     policy_loss: str = "clipped"
-    """clipped (PPO/GRPO token ratio) | gspo (sequence ratio) | weighted_nll (no ratio) | sft (offline data)."""
+    """The per-token policy objective (a key of algo.losses.POLICY_LOSSES), or sft: supervised
+    fine-tuning on offline data instead of GRPO."""
     advantage: str = "group_norm"
-    """group_norm | rloo | reinforce (raw r) | relu (ReLU(r), rejection sampling)."""
+    """How each completion's reward becomes its advantage (a key of algo.advantages.ADVANTAGE_ESTIMATORS)."""
     std: str = "sample"
-    """group_norm scale: sample (n-1, as TRL and verl) | population (n, as seed 004's table) | none (Dr. GRPO)."""
+    """How loss.advantage=group_norm scales the centred rewards (a key of algo.advantages.STD_MODES)."""
     std_eps: float = 1e-6
     """Added to the group std before dividing."""
     clip_eps_low: float = 0.2
@@ -160,11 +160,13 @@ class LossConfig:
     kl_coef: float = 0.04
     """β of the KL penalty to the frozen reference; 0 = no reference model is loaded."""
     kl_estimator: str = "k3"
-    """k1 | k2 | k3."""
+    """Per-token estimator of KL(π || π_ref) for the KL penalty (a key of algo.losses.KL_ESTIMATORS)."""
     kl_ratio_weighted: bool = True
     """Multiply the per-token KL by π/π_old (unbiased when samples come from π_old; TRL's default)."""
     loss_agg: str = "seq-mean-token-mean"
-    """token-mean | seq-mean-token-mean | seq-mean-token-sum | constant (Dr. GRPO)."""
+    """How per-token losses are summed and normalized into the minibatch loss (a key of
+    algo.losses.AGGREGATIONS); the normalizer is counted on the whole minibatch, so the gradient
+    does not depend on the microbatch size."""
     agg_constant_tokens: int = 0
     """Tokens per sequence of the 'constant' normalizer; 0 = rollout.max_new_tokens."""
     entropy_coef: float = 0.0
@@ -177,6 +179,8 @@ class LossConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """Phase B and the run's schedule: batch sizes, optimizer, seeds, reward errors."""
+
     steps: int = 50
     """GRPO steps (one Phase A + one Phase B each)."""
     epochs: int = 1
@@ -188,13 +192,12 @@ class TrainConfig:
     keep_freed_memory: bool = False
     """CPU with glibc: keep freed memory in the process between phases instead of handing it back to
     the OS (no malloc_trim after the rollout and the no-grad passes; glibc's mmap and trim thresholds
-    at 1 GiB), so Phase B reuses pages instead of page-faulting them in again. Trades peak RSS for
-    time: SmolLM2-135M bench, same samples, alternating: learning 8.5-12.0 vs 9.7-13.7 s per step,
-    peak RSS 5125-5139 vs 4941-5001 MB; bench fixture with model.padding_free and model.shared_prompt,
-    1.12-1.20 vs 1.25-1.27 s per step, 761-766 vs 756-763 MB (a page fault costs ~3 µs on that VM).
-    Process-wide once set (grpolab.rollout.hf.keep_freed_memory)."""
+    at 1 GiB), so Phase B reuses pages instead of page-faulting them in again. Trades a few percent
+    more peak RSS for less time per step, most where page faults are expensive (VMs). Process-wide
+    once set (grpolab.memory.keep_freed_memory)."""
     world_size: int = 1
-    """Data-parallel ranks (each gets minibatch_size / world_size sequences per optimizer step)."""
+    """Data-parallel ranks. Only 1 is accepted: data parallelism is not available yet in this version,
+    and validation refuses larger values rather than train on one process as if it were several."""
     lr: float = 1e-4
     """AdamW learning rate."""
     weight_decay: float = 0.0
@@ -206,7 +209,7 @@ class TrainConfig:
     warmup_steps: int = 0
     """Linear warm-up in optimizer steps."""
     lr_schedule: str = "constant"
-    """constant | cosine | linear (decay after warm-up, over all optimizer steps)."""
+    """Learning-rate decay after the warm-up, over all optimizer steps (a key of algo.optim.LR_SCHEDULES)."""
     seed: int = 0
     """Seed of sampling, shuffling and initialisation."""
     max_skipped_steps: int = 3
@@ -220,6 +223,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class SFTConfig:
+    """Supervised fine-tuning (the sft preset, and π0 of the demo)."""
+
     steps: int = 300
     """SFT optimizer steps."""
     batch_size: int = 64
@@ -247,12 +252,17 @@ class SFTConfig:
 
 @dataclass(frozen=True)
 class RewardSpec:
+    """One reward function of the combined reward."""
+
     name: str = "exact_match"
-    """Registered reward function name."""
+    """A registered reward name (`grpolab.rewards.registry.reward_names()`), or 'module:attr' to load
+    a reward from user code on sys.path (see grpolab.rewards.registry.build_reward for the rule)."""
     weight: float = 1.0
     """Weight in the combined reward."""
     kwargs: dict = field(default_factory=dict)
-    """Keyword arguments of the reward factory (e.g. path of a reward model)."""
+    """Keyword arguments of the reward factory (e.g. path of a reward model). The key `verifier`
+    (true/false) is reserved: it overrides whether the reward counts as a verifier (the step's
+    `accuracy` metric) and is not passed to the factory."""
     label: str = ""
     """Name in metrics and reports (default: name); needed to tell two reward models apart."""
 
@@ -260,9 +270,23 @@ class RewardSpec:
     def display_name(self) -> str:
         return self.label or self.name
 
+    @classmethod
+    def from_shorthand(cls, text: str) -> "RewardSpec":
+        """'name' or 'name:weight' (e.g. 'exact_match:2.0', 'mypkg.rewards:length_penalty:0.5'):
+        the part after the last ':' is the weight when it reads as a number, else part of the name."""
+        head, sep, tail = text.rpartition(":")
+        if sep:
+            try:
+                return cls(name=head.strip(), weight=float(tail))
+            except ValueError:
+                pass
+        return cls(name=text.strip())
+
 
 @dataclass(frozen=True)
 class RunConfig:
+    """The run directory, checkpoints, logging and the process."""
+
     out_dir: str = ""
     """Run directory; empty = a new folder under runs/."""
     checkpoint_every: int = 0
@@ -283,12 +307,14 @@ class RunConfig:
     """Peak TFLOP/s used for model FLOP utilisation; 0 = measure a GEMM once at start."""
     threads: int = 0
     """torch intra-op CPU threads of this process; 0 = torch's default (one per core). On a machine
-    shared with other torch processes use 1: here, two threads per process on two busy cores made
-    each step 3-5x slower."""
+    shared with other torch processes use 1: more threads than free cores makes every step several
+    times slower."""
 
 
 @dataclass(frozen=True)
 class Config:
+    """A whole run: one section per dataclass, plus the preset's name and the reward functions."""
+
     preset: str = "grpo"
     """Name of the preset these values started from (informational)."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -330,24 +356,14 @@ class Config:
         its only optimizer step), so Phase B records old_logp there instead of a separate pass."""
         return self.minibatches_per_epoch > 1
 
-    @property
-    def agg_constant_tokens_resolved(self) -> int:
-        return self.loss.agg_constant_tokens or self.rollout.max_new_tokens
-
     def validate(self) -> "Config":
         """Raises ConfigError naming the field and the fix; returns self for chaining."""
         config_io.validate_config(self)
-        if self.run.keep_checkpoints < 1:
-            raise ConfigError(f"run.keep_checkpoints={self.run.keep_checkpoints} must be at least 1")
-        if self.run.checkpoint_every < 0:
-            raise ConfigError(f"run.checkpoint_every={self.run.checkpoint_every} must be ≥ 0 (0 = only at the end)")
-        if self.train.reward_timeout_s < 0:
-            raise ConfigError(f"train.reward_timeout_s={self.train.reward_timeout_s} must be ≥ 0 (0 = no limit)")
         return self
 
     def replace(self, **dotted: Any) -> "Config":
         """A new Config with dotted overrides, e.g. replace(**{"loss.kl_coef": 0.0})."""
-        return config_io.apply_overrides(self, [f"{k}={config_io.dump_value(v)}" for k, v in dotted.items()])
+        return config_io.apply_overrides(self, config_io.override_strings(dotted))
 
 
 # Each preset is only a set of field values on top of the defaults (which are GRPO's).
@@ -377,21 +393,17 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-class ConfigError(ValueError):
-    """A bad configuration value; the message names the field (and file:line when known)."""
-
-
 def from_preset(name: str, overrides: list[str] | None = None) -> Config:
     """Config of a preset with dotted `key=value` overrides applied, validated."""
     if name not in PRESETS:
         raise ConfigError(f"preset: unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    cfg = config_io.apply_overrides(Config(preset=name), [f"{k}={config_io.dump_value(v)}" for k, v in PRESETS[name].items()])
+    cfg = config_io.apply_overrides(Config(preset=name), config_io.override_strings(PRESETS[name]))
     return config_io.apply_overrides(cfg, overrides or []).validate()
 
 
 def load(path: str, overrides: list[str] | None = None) -> Config:
     """Config from a YAML file (a `preset:` key picks the starting values), then overrides."""
-    return config_io.load_yaml(path, overrides or []).validate()
+    return config_io.load_yaml(path, overrides or [], Config, PRESETS).validate()
 
 
 def dump(cfg: Config, path: str | None = None) -> str:

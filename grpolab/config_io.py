@@ -1,6 +1,12 @@
 """Building Config objects from YAML and dotted overrides, type checking, and validation.
 
-Kept apart from config.py so that the dataclasses read as plain documentation.
+Kept apart from config.py so that the dataclasses read as plain documentation. This module does
+not import grpolab.config: it works on whatever dataclass it is handed (config.py passes its
+classes and presets in), so the dependency runs one way, config -> config_io.
+
+The allowed values of the enumerated fields come from `field_choices()`, which reads the
+registries of grpolab.algo for the loss variants: validation and the `grpolab config` reference
+both use it, so a new registry entry is accepted and documented without editing this file.
 """
 
 from __future__ import annotations
@@ -13,10 +19,10 @@ from typing import Any
 
 import yaml
 
+from grpolab.errors import ConfigError
 
-def _err(msg: str):
-    from grpolab.config import ConfigError
 
+def _err(msg: str) -> ConfigError:
     return ConfigError(msg)
 
 
@@ -66,28 +72,25 @@ def _coerce(value: Any, tp: Any, where: str, lines=None, source: str = "") -> An
             raise _err(f"{where}: expected a mapping, got {value!r}")
         return dict(value)
     if origin is tuple:
-        from grpolab.config import RewardSpec
-
         (inner, _ellipsis) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
             raise _err(f"{where}: expected a list, got {value!r}")
-        if inner is RewardSpec:
-            return tuple(_reward_spec(v, f"{where}[{i}]", lines, source) for i, v in enumerate(value))
+        if dataclasses.is_dataclass(inner):
+            return tuple(_element(inner, v, f"{where}[{i}]", lines, source) for i, v in enumerate(value))
         return tuple(_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value))
     if dataclasses.is_dataclass(tp):
         return build(tp, value, where, lines, source)
     raise _err(f"{where}: unsupported type {tp}")
 
 
-def _reward_spec(value: Any, where: str, lines=None, source: str = ""):
-    from grpolab.config import RewardSpec
-
-    if isinstance(value, RewardSpec):
+def _element(cls, value: Any, where: str, lines=None, source: str = ""):
+    """One dataclass element of a list field: an instance, a mapping, or a string that the class
+    parses itself (`cls.from_shorthand`, e.g. RewardSpec's "name:weight")."""
+    if isinstance(value, cls):
         return value
-    if isinstance(value, str):  # "name" or "name:weight"
-        name, _, w = value.partition(":")
-        return RewardSpec(name=name.strip(), weight=float(w) if w else 1.0)
-    return build(RewardSpec, value, where, lines, source)
+    if isinstance(value, str) and hasattr(cls, "from_shorthand"):
+        return cls.from_shorthand(value)
+    return build(cls, value, where, lines, source)
 
 
 def build(cls, data: Any, where: str = "", lines: dict[str, int] | None = None, source: str = ""):
@@ -146,9 +149,9 @@ def _key_lines(text: str) -> dict[str, int]:
     return out
 
 
-def load_yaml(path: str, overrides: list[str]):
-    from grpolab.config import PRESETS, Config
-
+def load_yaml(path: str, overrides: list[str], config_cls, presets: dict[str, dict[str, Any]]):
+    """A `config_cls` from a YAML file: the file's `preset:` (default "grpo", a key of `presets`)
+    gives the starting values, the file's sections replace them field by field, then `overrides`."""
     try:
         with open(path) as f:
             text = f.read()
@@ -164,16 +167,20 @@ def load_yaml(path: str, overrides: list[str]):
         raise _err(f"{path}:1: the config must be a mapping of sections (model:, rollout:, ...)")
     lines = _key_lines(text)
     preset = data.get("preset", "grpo")
-    if preset not in PRESETS:
-        raise _err(f"{path}:{lines.get('preset', 1)}: preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    base = apply_overrides(Config(preset=preset), [f"{k}={dump_value(v)}" for k, v in PRESETS[preset].items()])
-    merged = _merge(dataclasses.asdict(base), data)
-    merged["rewards"] = data.get("rewards", [dataclasses.asdict(r) for r in base.rewards])
-    cfg = build(Config, merged, "", lines, path)
+    if preset not in presets:
+        raise _err(f"{path}:{lines.get('preset', 1)}: preset: unknown preset {preset!r}; choose one of {', '.join(presets)}")
+    base = apply_overrides(config_cls(preset=preset), override_strings(presets[preset]))
+    cfg = build(config_cls, _merge(dataclasses.asdict(base), data), "", lines, path)
     return apply_overrides(cfg, overrides)
 
 
+def override_strings(values: dict[str, Any]) -> list[str]:
+    """{dotted field: value} (e.g. a preset) as `key=value` override strings."""
+    return [f"{k}={dump_value(v)}" for k, v in values.items()]
+
+
 def _merge(base: dict, new: dict) -> dict:
+    """`new` over `base`, mappings merged key by key (except reward kwargs); lists are replaced."""
     out = dict(base)
     for k, v in new.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "kwargs" else v
@@ -191,9 +198,8 @@ def dump_yaml(cfg) -> str:
 
 
 def apply_overrides(cfg, overrides: list[str]):
-    """Applies 'section.field=value' strings (values parsed as YAML) to a Config, returning a new one."""
-    from grpolab.config import Config
-
+    """Applies 'section.field=value' strings (values parsed as YAML) to a config dataclass, returning a new one."""
+    config_cls = type(cfg)
     d = dataclasses.asdict(cfg)
     for ov in overrides:
         key, sep, raw = ov.partition("=")
@@ -208,12 +214,12 @@ def apply_overrides(cfg, overrides: list[str]):
         node = d
         for i, p in enumerate(parts[:-1]):
             if not isinstance(node, dict) or p not in node:
-                return build(Config, _set_unknown(d, parts[: i + 1]), "")  # raises with a hint
+                return build(config_cls, _set_unknown(d, parts[: i + 1]), "")  # raises with a hint
             node = node[p]
         if not isinstance(node, dict) or parts[-1] not in node:
-            return build(Config, _set_unknown(d, parts), "")
+            return build(config_cls, _set_unknown(d, parts), "")
         node[parts[-1]] = value
-    return build(Config, d, "")
+    return build(config_cls, d, "")
 
 
 def _set_unknown(d: dict, parts: list[str]) -> dict:
@@ -228,6 +234,61 @@ def _set_unknown(d: dict, parts: list[str]) -> dict:
 
 
 # ----------------------------------------------------------------------------- validation
+# Enumerated fields whose values are not a registry: dotted field -> allowed values.
+FIXED_CHOICES: dict[str, tuple[str, ...]] = {
+    "model.dtype": ("float32", "bfloat16", "auto"),
+    "model.compile_scope": ("blocks", "model"),
+    "train.on_reward_error": ("raise", "zero", "skip_group"),
+}
+
+SFT_POLICY_LOSS = "sft"
+"""loss.policy_loss value outside POLICY_LOSSES: supervised fine-tuning on offline data."""
+
+
+def describe(entry: Any) -> str:
+    """One line about a registry entry: its `doc` field, else the first sentence of its docstring."""
+    doc = getattr(entry, "doc", None)
+    if isinstance(doc, str):
+        return doc
+    text = " ".join((entry.__doc__ or "").split()) if callable(entry) else ""
+    return text.split(". ")[0].rstrip(".")
+
+
+def registry_choices() -> dict[str, dict[str, str]]:
+    """Registry-backed fields: dotted field -> {allowed value: description}, read from the registries."""
+    from grpolab.algo.advantages import ADVANTAGE_ESTIMATORS, STD_MODES
+    from grpolab.algo.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+    from grpolab.algo.optim import LR_SCHEDULES
+    from grpolab.rollout.engine import ENGINES
+
+    policy = {k: describe(v) for k, v in POLICY_LOSSES.items()}
+    policy[SFT_POLICY_LOSS] = "supervised fine-tuning on offline data: token cross-entropy, no rollouts"
+    return {
+        "loss.policy_loss": policy,
+        "loss.advantage": {k: describe(v) for k, v in ADVANTAGE_ESTIMATORS.items()},
+        "loss.std": {k: describe(v) for k, v in STD_MODES.items()},
+        "loss.kl_estimator": {k: describe(v) for k, v in KL_ESTIMATORS.items()},
+        "loss.loss_agg": {k: describe(v) for k, v in AGGREGATIONS.items()},
+        "train.lr_schedule": {k: describe(v) for k, v in LR_SCHEDULES.items()},
+        "rollout.engine": {k: describe(v) for k, v in ENGINES.items()},
+    }
+
+
+def field_choices() -> dict[str, tuple[str, ...]]:
+    """Every enumerated field: dotted field -> allowed values (registry-backed ones first)."""
+    out = {k: tuple(v) for k, v in registry_choices().items()}
+    out.update(FIXED_CHOICES)
+    return out
+
+
+def get_field(cfg, dotted: str) -> Any:
+    """cfg's value at a dotted path, e.g. get_field(cfg, "loss.kl_coef")."""
+    node = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
 def _choice(value, allowed, field_name):
     if value not in allowed:
         close = difflib.get_close_matches(str(value), list(allowed), n=1)
@@ -244,23 +305,10 @@ def _check_shared_prompt(cfg) -> None:
                        f"needs (it forwards whole groups); set {name} to a multiple of {g}")
 
 
-def validate_config(cfg) -> None:
-    from grpolab.algo.advantages import ADVANTAGE_KINDS, STD_MODES
-    from grpolab.algo.losses import AGG_MODES, KL_ESTIMATORS
-
-    r, t, lo = cfg.rollout, cfg.train, cfg.loss
-    _choice(lo.policy_loss, ("clipped", "gspo", "weighted_nll", "sft"), "loss.policy_loss")
-    _choice(lo.advantage, ADVANTAGE_KINDS, "loss.advantage")
-    _choice(lo.std, STD_MODES, "loss.std")
-    _choice(lo.kl_estimator, KL_ESTIMATORS, "loss.kl_estimator")
-    _choice(lo.loss_agg, AGG_MODES, "loss.loss_agg")
-    _choice(t.lr_schedule, ("constant", "cosine", "linear"), "train.lr_schedule")
-    _choice(cfg.model.dtype, ("float32", "bfloat16", "auto"), "model.dtype")
-    _choice(r.engine, ("hf", "vllm"), "rollout.engine")
-    if r.engine == "vllm":  # named in the design, not built yet: say so rather than fall back to hf
-        raise _err("rollout.engine='vllm': the vLLM engine is not available in this version; use 'hf' "
-                   "(rollout.compile=true speeds up the decode of small models)")
-    _choice(cfg.model.compile_scope, ("blocks", "model"), "model.compile_scope")
+def _check_choices(cfg) -> None:
+    for name, allowed in field_choices().items():
+        _choice(get_field(cfg, name), allowed, name)
+    r = cfg.rollout
     if cfg.model.compile_cpp_wrapper and not cfg.model.compile:
         raise _err("model.compile_cpp_wrapper=true applies to compiled forwards; set model.compile=true too")
     if r.bf16_weights and cfg.model.dtype == "float32":
@@ -269,7 +317,10 @@ def validate_config(cfg) -> None:
     if r.packed_weights and (r.compile or cfg.model.dtype == "bfloat16"):
         raise _err("rollout.packed_weights=true packs float32 weights for the eager decode loop; it does "
                    f"not combine with {'rollout.compile=true' if r.compile else 'model.dtype=bfloat16'}")
-    _choice(t.on_reward_error, ("raise", "zero", "skip_group"), "train.on_reward_error")
+
+
+def _check_ranges(cfg) -> None:
+    r, t, lo = cfg.rollout, cfg.train, cfg.loss
     positive = {
         "rollout.prompts_per_step": r.prompts_per_step, "rollout.group_size": r.group_size,
         "rollout.max_new_tokens": r.max_new_tokens, "train.epochs": t.epochs,
@@ -277,10 +328,14 @@ def validate_config(cfg) -> None:
         "train.world_size": t.world_size, "sft.batch_size": cfg.sft.batch_size,
         "sft.microbatch_size": cfg.sft.microbatch_size, "train.max_skipped_steps": t.max_skipped_steps,
         "sft.probe_every": cfg.sft.probe_every, "sft.probe_prompts": cfg.sft.probe_prompts,
+        "run.keep_checkpoints": cfg.run.keep_checkpoints,
     }
     for name, v in positive.items():
         if v < 1:
             raise _err(f"{name}={v} must be at least 1")
+    if t.world_size > 1:
+        raise _err(f"train.world_size={t.world_size}: data parallelism is not available yet in this version "
+                   "(nothing splits a step across ranks); set train.world_size=1")
     nonneg = {"train.steps": t.steps, "loss.kl_coef": lo.kl_coef, "loss.clip_eps_low": lo.clip_eps_low,
               "loss.clip_eps_high": lo.clip_eps_high, "train.warmup_steps": t.warmup_steps,
               "train.max_grad_norm": t.max_grad_norm, "loss.entropy_coef": lo.entropy_coef,
@@ -288,6 +343,10 @@ def validate_config(cfg) -> None:
     for name, v in nonneg.items():
         if v < 0:
             raise _err(f"{name}={v} must be ≥ 0")
+    if cfg.run.checkpoint_every < 0:
+        raise _err(f"run.checkpoint_every={cfg.run.checkpoint_every} must be ≥ 0 (0 = only at the end)")
+    if t.reward_timeout_s < 0:
+        raise _err(f"train.reward_timeout_s={t.reward_timeout_s} must be ≥ 0 (0 = no limit)")
     if r.temperature <= 0:
         raise _err(f"rollout.temperature={r.temperature} must be > 0 (use a small value such as 1e-3 for near-greedy)")
     if not 0 < r.top_p <= 1:
@@ -296,7 +355,13 @@ def validate_config(cfg) -> None:
         raise _err(f"train.lr={t.lr} must be > 0")
     if lo.dual_clip is not None and lo.dual_clip <= 1:
         raise _err(f"loss.dual_clip={lo.dual_clip} must be > 1 (typically 3), or null to turn it off")
-    if lo.advantage in ("group_norm", "rloo") and r.group_size < 2:
+
+
+def _check_sizes(cfg) -> None:
+    from grpolab.algo.advantages import ADVANTAGE_ESTIMATORS
+
+    r, t, lo = cfg.rollout, cfg.train, cfg.loss
+    if ADVANTAGE_ESTIMATORS[lo.advantage].needs_group and r.group_size < 2:
         raise _err(f"rollout.group_size={r.group_size}: loss.advantage={lo.advantage!r} compares completions "
                    "within a group, so group_size must be at least 2")
     n = cfg.sequences_per_step
@@ -314,9 +379,20 @@ def validate_config(cfg) -> None:
         _check_shared_prompt(cfg)
     if cfg.sft.batch_size % cfg.sft.microbatch_size:
         raise _err(f"sft.batch_size={cfg.sft.batch_size} is not a multiple of sft.microbatch_size={cfg.sft.microbatch_size}")
-    if not cfg.rewards and lo.policy_loss != "sft":
+
+
+def _check_rewards(cfg) -> None:
+    if not cfg.rewards and cfg.loss.policy_loss != SFT_POLICY_LOSS:
         raise _err("rewards: at least one reward function is needed (e.g. rewards: [{name: exact_match, weight: 1.0}])")
     names = [s.display_name for s in cfg.rewards]
     if len(set(names)) != len(names):
         raise _err(f"rewards: two reward functions share the name(s) {sorted({n for n in names if names.count(n) > 1})}; "
                    "give each a distinct label (e.g. label: accuracy_rm)")
+
+
+def validate_config(cfg) -> None:
+    """Raises ConfigError naming the field and the fix for an impossible setting."""
+    _check_choices(cfg)
+    _check_ranges(cfg)
+    _check_sizes(cfg)
+    _check_rewards(cfg)

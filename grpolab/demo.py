@@ -63,7 +63,7 @@ def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, policy=None, w_a
     GRPO rewards: reward = w_acc·RM_acc + w_ref·RM_ref, each score z-normalised with the mean/std of
     the RM's scores on its own training pairs. policy (π0): half of the accuracy RM's training pairs
     reject its own sampled mistakes. Returns (config, {name: held-out pairwise accuracy})."""
-    from grpolab.train.reward_model import build_demo_reward_models
+    from grpolab.train.reward_model_demo import build_demo_reward_models
 
     _say("[demo] training the accuracy and refusal reward models (pairwise log-sigmoid)")
     rms = build_demo_reward_models(task, tok, run_dir / "reward_models", seed=cfg.train.seed, policy=policy)

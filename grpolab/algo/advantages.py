@@ -10,11 +10,40 @@ scored rewards are all equal, gets advantage 0 (never NaN).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
 
-STD_MODES = ("population", "sample", "none")
+AdvantageFn = Callable[[torch.Tensor], torch.Tensor]
+"""rewards [P, G] (NaN = abstained) -> advantages [P, G]."""
+
+
+
+@dataclass(frozen=True)
+class StdMode:
+    """How group_norm scales the centred rewards. divisor: count of scored rows [P, 1] -> the
+    divisor of the group's sum of squared deviations; None = no scaling (mean-centring only)."""
+
+    divisor: Callable[[torch.Tensor], torch.Tensor] | None
+    doc: str
+
+
+# The config's loss.std is a key of this table.
+STD_MODES: dict[str, StdMode] = {
+    "population": StdMode(lambda count: count, "population std, divide by n (seed 004's table)"),
+    "sample": StdMode(lambda count: count - 1, "sample std, divide by n - 1 (TRL and verl)"),
+    "none": StdMode(None, "no scaling: mean-centring only (Dr. GRPO)"),
+}
+
+
+def _lookup(table: dict, name: str, field: str):
+    """table[name], or ValueError naming the field and the known names."""
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(f"{field} must be one of {tuple(table)}, got {name!r}") from None
 
 
 def _check(rewards: torch.Tensor) -> None:
@@ -30,39 +59,46 @@ def _masked_stats(rewards: torch.Tensor):
     return valid, filled, count, mean
 
 
+def _std(valid, filled, count, mean, divisor) -> torch.Tensor:
+    """[P, 1] std from `_masked_stats`; 0 for groups with fewer than 2 scored rows."""
+    sq = torch.where(valid, (filled - mean) ** 2, torch.zeros_like(filled)).sum(dim=1, keepdim=True)
+    var = sq / divisor(count).clamp(min=1)
+    return torch.where(count >= 2, var.sqrt(), torch.zeros_like(var))
+
+
 def group_std(rewards: torch.Tensor, std: str = "population") -> torch.Tensor:
     """Per-group standard deviation ignoring NaN rows.
 
-    rewards: [P, G]. std: "population" (divide by n) or "sample" (divide by n - 1).
+    rewards: [P, G]. std: a key of STD_MODES that scales ("population": divide by n, "sample": by n - 1).
     Returns: [P, 1]; 0 for groups with fewer than 2 scored rows.
     """
     _check(rewards)
+    divisor = _lookup(STD_MODES, std, "std").divisor
+    if divisor is None:
+        raise ValueError(f"group_std needs a std mode that scales, got {std!r}")
+    return _std(*_masked_stats(rewards), divisor)
+
+
+def _normalize(rewards: torch.Tensor, divisor: Callable[[torch.Tensor], torch.Tensor] | None, eps: float) -> torch.Tensor:
+    """group_normalize with the std mode already looked up (divisor None = mean-centring only)."""
+    _check(rewards)
     valid, filled, count, mean = _masked_stats(rewards)
-    sq = torch.where(valid, (filled - mean) ** 2, torch.zeros_like(filled)).sum(dim=1, keepdim=True)
-    denom = count if std == "population" else count - 1
-    var = sq / denom.clamp(min=1)
-    return torch.where(count >= 2, var.sqrt(), torch.zeros_like(var))
+    centred = filled - mean
+    if divisor is not None:
+        sd = _std(valid, filled, count, mean, divisor)
+        # equal rewards: centred is exactly 0; dividing by (0 + eps) with eps = 0 would give NaN
+        centred = torch.where(sd > 0, centred / (sd + eps), torch.zeros_like(centred))
+    ok = valid & (count >= 2)
+    return torch.where(ok, centred, torch.zeros_like(centred))
 
 
 def group_normalize(rewards: torch.Tensor, std: str = "population", eps: float = 1e-6) -> torch.Tensor:
     """GRPO advantage: (r - mean_group) / (std_group + eps).
 
-    rewards: [P, G] float, NaN = abstained.
-    std: "population" (the seed-004 table; divide by n), "sample" (TRL and verl; divide by n - 1),
-         or "none" (Dr. GRPO: mean-centring only).
+    rewards: [P, G] float, NaN = abstained. std: a key of STD_MODES.
     Returns: [P, G]; 0 for NaN rows, degenerate groups and groups whose rewards are all equal.
     """
-    _check(rewards)
-    if std not in STD_MODES:
-        raise ValueError(f"std must be one of {STD_MODES}, got {std!r}")
-    valid, filled, count, mean = _masked_stats(rewards)
-    centred = filled - mean
-    if std != "none":
-        sd = group_std(rewards, std)
-        # equal rewards: centred is exactly 0; dividing by (0 + eps) with eps = 0 would give NaN
-        centred = torch.where(sd > 0, centred / (sd + eps), torch.zeros_like(centred))
-    ok = valid & (count >= 2)
-    return torch.where(ok, centred, torch.zeros_like(centred))
+    return _normalize(rewards, _lookup(STD_MODES, std, "std").divisor, eps)
 
 
 def leave_one_out(rewards: torch.Tensor) -> torch.Tensor:
@@ -99,17 +135,36 @@ def zero_std_groups(rewards: torch.Tensor) -> torch.Tensor:
     return (spread == 0) | (count.squeeze(1) < 2)
 
 
-def make_advantage_fn(kind: str, std: str = "population", eps: float = 1e-6) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Chooses the advantage estimator once at setup. kind: group_norm | rloo | reinforce | relu."""
-    table: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-        "group_norm": lambda r: group_normalize(r, std=std, eps=eps),
-        "rloo": leave_one_out,
-        "reinforce": raw_rewards,
-        "relu": relu_rewards,
-    }
-    if kind not in table:
-        raise ValueError(f"advantage must be one of {sorted(table)}, got {kind!r}")
-    return table[kind]
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """A factory of advantage functions: `estimator(std, eps)` -> rewards [P, G] -> advantages [P, G].
+
+    build: (std, eps) -> AdvantageFn (std is a key of STD_MODES; estimators that do not scale
+    ignore std and eps). needs_group: the estimator compares completions within a group, so
+    rollout.group_size must be at least 2. doc: the line the config reference prints.
+    """
+
+    build: Callable[[str, float], AdvantageFn]
+    needs_group: bool
+    doc: str
+
+    def __call__(self, std: str = "population", eps: float = 1e-6) -> AdvantageFn:
+        return self.build(std, eps)
 
 
-ADVANTAGE_KINDS = ("group_norm", "rloo", "reinforce", "relu")
+# The config's loss.advantage is a key of this table.
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    "group_norm": AdvantageEstimator(
+        lambda std, eps: partial(_normalize, divisor=_lookup(STD_MODES, std, "std").divisor, eps=eps), True,
+        "(r - group mean) / (group std + loss.std_eps), std per loss.std (GRPO)"),
+    "rloo": AdvantageEstimator(lambda std, eps: leave_one_out, True,
+                               "r - mean of the group's other scored rewards (RLOO)"),
+    "reinforce": AdvantageEstimator(lambda std, eps: raw_rewards, False, "the raw reward r (REINFORCE)"),
+    "relu": AdvantageEstimator(lambda std, eps: relu_rewards, False,
+                               "ReLU(r): wrong answers are dropped (rejection sampling / on-policy SFT)"),
+}
+
+
+def make_advantage_fn(kind: str, std: str = "population", eps: float = 1e-6) -> AdvantageFn:
+    """Chooses the advantage estimator once at setup: ADVANTAGE_ESTIMATORS[kind](std, eps)."""
+    return _lookup(ADVANTAGE_ESTIMATORS, kind, "advantage")(std, eps)

@@ -5,11 +5,16 @@ Per-token functions return [N, L] tensors; `aggregate` turns them into the scala
 microbatch, divided by a normalizer computed once for the whole minibatch (`agg_normalizer`), so
 the gradient summed over microbatches (and data-parallel ranks) equals the whole minibatch's.
 
+The variants are registries, chosen once at setup by their config name: POLICY_LOSSES
+(loss.policy_loss), KL_ESTIMATORS (loss.kl_estimator), AGGREGATIONS (loss.loss_agg). Adding a
+variant means adding one entry there; config validation and the config reference read the keys.
+
 Statistics are returned as detached tensors; only the training loop calls `.item()`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -18,10 +23,6 @@ import torch.nn.functional as F
 # log(pi/pi_old) and log(ref/pi) are clamped to ±LOG_RATIO_CLAMP before exp (verl clamps the
 # log-ratio at ±20 the same way): exp(20) ≈ 4.9e8 is finite in fp32 and far beyond any clip range.
 LOG_RATIO_CLAMP = 20.0
-
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-
 
 def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
     """π/π_old per token = exp(logp - old_logp), log-ratio clamped to ±LOG_RATIO_CLAMP. [N, L] -> [N, L]."""
@@ -108,6 +109,8 @@ def weighted_nll(
     return loss, _stats(ratio, none, none)
 
 
+# The config's loss.policy_loss is a key of this table (or "sft": offline data, no policy loss).
+# Signature: (logp, old_logp, adv, loss_mask, eps_low, eps_high, dual_clip) -> (per-token loss, stats).
 POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {
     "clipped": clipped_surrogate,
     "gspo": sequence_clipped_surrogate,
@@ -115,62 +118,143 @@ POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tenso
 }
 
 
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token estimate of KL(π || π_ref) from samples of π.
+# ----------------------------------------------------------------------------- KL estimators
+def _log_ref_ratio(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """d = log π_ref - log π, clamped to ±LOG_RATIO_CLAMP. [N, L], [N, L] -> [N, L]."""
+    return (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
-    logp, ref_logp: [N, L]. With d = log π_ref - log π (clamped to ±LOG_RATIO_CLAMP):
-      k1 = -d (unbiased, can be negative), k2 = d²/2, k3 = exp(d) - d - 1 (unbiased, ≥ 0; GRPO).
-    Returns: [N, L]; all three are 0 where π == π_ref.
+
+def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """log π - log π_ref: unbiased, can be negative. [N, L], [N, L] -> [N, L]."""
+    return -_log_ref_ratio(logp, ref_logp)
+
+
+def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """(log π_ref - log π)² / 2: biased, ≥ 0, low variance. [N, L], [N, L] -> [N, L]."""
+    d = _log_ref_ratio(logp, ref_logp)
+    return 0.5 * d * d
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """exp(d) - d - 1 with d = log π_ref - log π: unbiased, ≥ 0 (GRPO's). [N, L], [N, L] -> [N, L]."""
+    d = _log_ref_ratio(logp, ref_logp)
+    return torch.exp(d) - d - 1.0
+
+
+# Per-token estimators of KL(π || π_ref) from samples of π, d = log π_ref - log π (clamped):
+# (logp [N, L], ref_logp [N, L]) -> [N, L]; each is 0 where π == π_ref. The config's
+# loss.kl_estimator is a key of this table.
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "k1": kl_k1,
+    "k2": kl_k2,
+    "k3": kl_k3,
+}
+
+
+def _lookup(table: dict, name: str, field: str):
+    """table[name], or ValueError naming the field and the known names."""
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(f"{field} must be one of {tuple(table)}, got {name!r}") from None
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(π || π_ref) from samples of π: KL_ESTIMATORS[estimator].
+
+    logp, ref_logp: [N, L]. Returns: [N, L]; all estimators are 0 where π == π_ref.
     To correct for samples drawn from π_old rather than π, multiply by the ratio π/π_old.
     """
-    d = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    if estimator == "k1":
-        return -d
-    if estimator == "k2":
-        return 0.5 * d * d
-    if estimator == "k3":
-        return torch.exp(d) - d - 1.0
-    raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    return _lookup(KL_ESTIMATORS, estimator, "kl_estimator")(logp, ref_logp)
+
+
+# ----------------------------------------------------------------------------- aggregation
+def _count_tokens(mask: torch.Tensor, constant_len: int | None) -> torch.Tensor:
+    return mask.sum()
+
+
+def _count_sequences(mask: torch.Tensor, constant_len: int | None) -> torch.Tensor:
+    return mask.any(-1).sum()
+
+
+def _count_constant(mask: torch.Tensor, constant_len: int | None) -> torch.Tensor:
+    if constant_len is None or constant_len <= 0:
+        raise ValueError("loss_agg 'constant' needs a positive constant_len (e.g. max new tokens)")
+    return torch.tensor(mask.shape[0] * constant_len)
+
+
+def _sum_tokens(per_token: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return (per_token * m).sum()
+
+
+def _sum_sequence_means(per_token: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    per_seq = (per_token * m).sum(-1) / m.sum(-1).clamp(min=1)
+    return per_seq.sum()
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """One way of turning per-token losses into a minibatch loss: a numerator summed per microbatch
+    (`total`) over a divisor counted once on the whole minibatch (`count`).
+
+    count(mask [N, L] bool, constant_len) -> scalar; total(per_token [n, L], mask [n, L] in
+    per_token's dtype) -> scalar. `doc` is the one-line description the config reference prints.
+    """
+
+    count: Callable[[torch.Tensor, int | None], torch.Tensor]
+    total: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    doc: str
+
+    def normalizer(self, loss_mask: torch.Tensor, constant_len: int | None = None) -> torch.Tensor:
+        """The divisor of `aggregate` for one whole minibatch (sum it across data-parallel ranks).
+
+        loss_mask: [N, L] bool of the WHOLE minibatch (all microbatches of this rank).
+        Returns: scalar float32 tensor.
+        """
+        return self.count(loss_mask.bool(), constant_len).to(torch.float32)
+
+    def aggregate(self, per_token: torch.Tensor, loss_mask: torch.Tensor, normalizer: torch.Tensor) -> torch.Tensor:
+        """Sums a microbatch's per-token loss and divides by the minibatch normalizer.
+
+        per_token: [n, L]; loss_mask: [n, L] bool; normalizer from `normalizer` on the whole
+        minibatch. Summing the results over the minibatch's microbatches gives the minibatch loss.
+        Returns: scalar.
+        """
+        return self.total(per_token, loss_mask.to(per_token.dtype)) / normalizer.clamp(min=1)
+
+
+# The config's loss.loss_agg is a key of this table.
+AGGREGATIONS: dict[str, Aggregation] = {
+    "token-mean": Aggregation(_count_tokens, _sum_tokens,
+                              "sum over all counted tokens / number of counted tokens (DAPO)"),
+    "seq-mean-token-mean": Aggregation(_count_sequences, _sum_sequence_means,
+                                       "mean over each sequence's tokens, then mean over sequences (GRPO)"),
+    "seq-mean-token-sum": Aggregation(_count_sequences, _sum_tokens,
+                                      "sum over each sequence's tokens, then mean over sequences"),
+    "constant": Aggregation(_count_constant, _sum_tokens,
+                            "sum over all counted tokens / (sequences × a fixed token budget) (Dr. GRPO)"),
+}
 
 
 def agg_normalizer(loss_mask: torch.Tensor, mode: str, constant_len: int | None = None) -> torch.Tensor:
-    """The divisor of `aggregate` for one whole minibatch (sum it across data-parallel ranks).
+    """AGGREGATIONS[mode].normalizer: the divisor of `aggregate` for one whole minibatch.
 
     loss_mask: [N, L] bool of the WHOLE minibatch (all microbatches of this rank).
     token-mean: number of counted tokens; seq-mean-*: number of sequences with ≥ 1 counted token;
     constant (Dr. GRPO): N · constant_len, a fixed budget independent of the sampled lengths.
     Returns: scalar float32 tensor.
     """
-    m = loss_mask.bool()
-    if mode == "token-mean":
-        n = m.sum()
-    elif mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
-        n = m.any(-1).sum()
-    elif mode == "constant":
-        if constant_len is None or constant_len <= 0:
-            raise ValueError("loss_agg 'constant' needs a positive constant_len (e.g. max new tokens)")
-        n = torch.tensor(m.shape[0] * constant_len)
-    else:
-        raise ValueError(f"loss_agg must be one of {AGG_MODES}, got {mode!r}")
-    return n.to(torch.float32)
+    return _lookup(AGGREGATIONS, mode, "loss_agg").normalizer(loss_mask, constant_len)
 
 
 def aggregate(per_token: torch.Tensor, loss_mask: torch.Tensor, mode: str, normalizer: torch.Tensor) -> torch.Tensor:
-    """Sums a microbatch's per-token loss and divides by the minibatch normalizer.
+    """AGGREGATIONS[mode].aggregate: a microbatch's per-token loss summed, over the minibatch normalizer.
 
     per_token: [n, L]; loss_mask: [n, L] bool; normalizer from `agg_normalizer` on the whole
     minibatch. Summing the results over the minibatch's microbatches gives the minibatch loss.
     Returns: scalar.
     """
-    m = loss_mask.to(per_token.dtype)
-    if mode == "seq-mean-token-mean":
-        per_seq = (per_token * m).sum(-1) / m.sum(-1).clamp(min=1)
-        total = per_seq.sum()
-    elif mode in ("token-mean", "seq-mean-token-sum", "constant"):
-        total = (per_token * m).sum()
-    else:
-        raise ValueError(f"loss_agg must be one of {AGG_MODES}, got {mode!r}")
-    return total / normalizer.clamp(min=1)
+    return _lookup(AGGREGATIONS, mode, "loss_agg").aggregate(per_token, loss_mask, normalizer)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -184,9 +268,10 @@ def sft_nll(logp: torch.Tensor, loss_mask: torch.Tensor, normalizer: torch.Tenso
     over responses. logp: [n, L] log-probs of the target tokens; loss_mask: [n, L].
     normalizer: number of responses in the whole (mini)batch (default: this batch's). Returns scalar.
     """
+    agg = AGGREGATIONS["seq-mean-token-mean"]
     if normalizer is None:
-        normalizer = agg_normalizer(loss_mask, "seq-mean-token-mean")
-    return aggregate(-logp, loss_mask, "seq-mean-token-mean", normalizer)
+        normalizer = agg.normalizer(loss_mask)
+    return agg.aggregate(-logp, loss_mask, normalizer)
 
 
 def pairwise_logsigmoid(chosen: torch.Tensor, rejected: torch.Tensor, margin: float = 0.0) -> torch.Tensor:

@@ -1,26 +1,37 @@
-"""The reward-function protocol, a registry by name, and the weighted combination.
+"""The reward-function protocol, calling reward functions safely, and the weighted combination.
 
 A reward function scores a batch of completions. It gets the prompts, the completions and one
 metadata dict per row (e.g. the gold answer of the task), and returns one float per row, or None
 where it abstains (e.g. a math verifier on a row with no gold answer). Abstentions become NaN in
 the score tensor; `combine` skips them row by row (the row's weighted sum uses the other rewards).
+
+Building rewards by name lives in grpolab.rewards.registry; `register_reward`, `reward_names`
+and `build_reward` are re-exported here for existing callers.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 import sys
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
+
+from grpolab.rewards.registry import build_reward, register_reward, reward_names
+
+__all__ = ["RewardError", "RewardFn", "build_reward", "call_with_timeout", "combine", "probe_reward", "probe_rewards",
+           "register_reward", "reward_names", "score_batch"]
 
 
 @runtime_checkable
 class RewardFn(Protocol):
-    """Scores completions: one float (or None to abstain) per row."""
+    """Scores completions: one float (or None to abstain) per row.
+
+    Built rewards also carry `verifier: bool` (see grpolab.rewards.registry) and, during training,
+    `timeout_s` (train.reward_timeout_s); reward classes must not use those attribute names for
+    anything else.
+    """
 
     name: str
 
@@ -30,55 +41,6 @@ class RewardFn(Protocol):
         completions: Sequence[str],
         metadata: Sequence[dict[str, Any]],
     ) -> list[float | None]: ...
-
-
-_REGISTRY: dict[str, Callable[..., RewardFn]] = {}
-
-
-def register_reward(name: str):
-    """Class/function decorator: makes a reward factory buildable by name from the config."""
-
-    def deco(factory):
-        if name in _REGISTRY:
-            raise ValueError(f"reward {name!r} is registered twice")
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
-
-
-def reward_names() -> list[str]:
-    _import_builtin_rewards()
-    return sorted(_REGISTRY)
-
-
-def build_reward(name: str, **kwargs: Any) -> RewardFn:
-    """Builds the reward registered as `name` with its keyword arguments from the config."""
-    _import_builtin_rewards()
-    if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, _REGISTRY, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(
-            f"rewards: unknown reward function {name!r}.{hint} Known: {', '.join(sorted(_REGISTRY))}."
-        )
-    try:
-        fn = _REGISTRY[name](**kwargs)
-    except TypeError as e:
-        raise ValueError(f"rewards: reward {name!r} got bad arguments {kwargs}: {e}") from None
-    fn.name = getattr(fn, "name", name) or name
-    return fn
-
-
-def _import_builtin_rewards() -> None:
-    # Importing the modules registers their rewards; optional ones register lazily.
-    from grpolab.rewards import rules  # noqa: F401
-
-    for mod in ("grpolab.rewards.reward_model", "grpolab.rewards.verifiers", "grpolab.rewards.code",
-                "grpolab.rewards.self_likelihood"):
-        try:
-            __import__(mod)
-        except ImportError:
-            pass
 
 
 class RewardError(RuntimeError):
@@ -183,12 +145,6 @@ def probe_rewards(rewards: Sequence[tuple[RewardFn, float]], prompts: Sequence[s
             if on_error == "raise":
                 raise
             print(f"grpolab: warning: {e}", file=sys.stderr)
-
-
-@dataclass(frozen=True)
-class WeightedReward:
-    fn: RewardFn
-    weight: float
 
 
 def combine(scores: dict[str, torch.Tensor], weights: dict[str, float]) -> torch.Tensor:

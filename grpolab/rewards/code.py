@@ -31,7 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from grpolab.data.arith import PromptItem
-from grpolab.rewards.base import register_reward
 from grpolab.rewards.sandbox import SandboxResult, check_limits, run_sandboxed, sandbox_info
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -90,7 +89,6 @@ def passed_with_marker(result: SandboxResult, marker: str) -> bool:
     return result.passed and lines[-1] == marker
 
 
-@register_reward("code_tests")
 class CodeTests:
     """1.0 when the completion's code passes the row's tests in the sandbox, else 0.0; None without tests.
 
@@ -98,6 +96,7 @@ class CodeTests:
     the limits given here (see grpolab.rewards.sandbox.run_sandboxed)."""
 
     name = "code_tests"
+    verifier = True
 
     def __init__(self, timeout_s: float = 5.0, memory_mb: int = 512, max_procs: int = 32,
                  max_workers: int = 2, isolation: str = "auto", python: str | None = None):

@@ -24,17 +24,16 @@ from typing import Any, Sequence
 
 import torch
 
-from grpolab.rewards.base import register_reward
 from grpolab.train.reward_model import default_append_eos, load_reward_model, score_texts
 
 _NORMALIZE = (None, "none", "batch", "fixed")
 
 
-@register_reward("reward_model")
 class RewardModelReward:
     """Scores with a saved reward model: one float per row (see the module docstring)."""
 
     name = "reward_model"
+    verifier = False
 
     def __init__(
         self,

@@ -16,7 +16,6 @@ import re
 from typing import Any, Sequence
 
 from grpolab.data.arith import REFUSAL
-from grpolab.rewards.base import register_reward
 
 _INTEGER = re.compile(r"0|-?[1-9][0-9]*")
 
@@ -57,11 +56,11 @@ def _check_rows(
             raise ValueError(f"reward {name!r}: metadata row {i} is answerable but its answer is {row.get('answer')!r}")
 
 
-@register_reward("exact_match")
 class ExactMatch:
     """Correctness: 1.0 / 0.0 on answerable rows (truncated = 0.0); abstains (None) on unanswerable rows."""
 
     name = "exact_match"
+    verifier = True
 
     def __call__(
         self, prompts: Sequence[str], completions: Sequence[str], metadata: Sequence[dict[str, Any]]
@@ -73,11 +72,11 @@ class ExactMatch:
         ]
 
 
-@register_reward("refusal")
 class Refusal:
     """Refusal appropriateness: refuse exactly the unanswerable prompts. Truncated = 0.0."""
 
     name = "refusal"
+    verifier = False
 
     def __init__(self, refusal: str = REFUSAL):
         self.refusal = refusal
@@ -92,11 +91,11 @@ class Refusal:
         ]
 
 
-@register_reward("format")
 class Format:
     """Well-formedness: an integer or the refusal string, ended with EOS (not truncated)."""
 
     name = "format"
+    verifier = False
 
     def __init__(self, refusal: str = REFUSAL):
         self.refusal = refusal

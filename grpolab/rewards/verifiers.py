@@ -28,7 +28,6 @@ import weakref
 from typing import Any, Callable, Sequence
 
 from grpolab.optional import require
-from grpolab.rewards.base import register_reward
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +110,11 @@ def _check_lengths(name: str, completions: Sequence[str], metadata: Sequence[dic
 # --------------------------------------------------------------------------- answer_format
 
 
-@register_reward("answer_format")
 class AnswerFormat:
     """1.0 when an answer can be extracted in `extract` mode (and not truncated), else 0.0."""
 
     name = "answer_format"
+    verifier = False
 
     def __init__(self, extract: str = "boxed"):
         self.extract = check_mode(extract)
@@ -130,7 +129,6 @@ class AnswerFormat:
 # --------------------------------------------------------------------------- reasoning_gym
 
 
-@register_reward("reasoning_gym")
 class ReasoningGymReward:
     """1.0 iff the task's own `score_answer` gives the extracted answer a full 1.0, else 0.0.
 
@@ -139,6 +137,7 @@ class ReasoningGymReward:
     """
 
     name = "reasoning_gym"
+    verifier = True
 
     def __init__(self, extract: str = "last_number"):
         self.extract = check_mode(extract)
@@ -290,7 +289,6 @@ def gold_latex(gold: Any) -> str:
     return s if ("$" in s or "\\boxed" in s) else f"${s}$"
 
 
-@register_reward("math_verify")
 class MathVerifyReward:
     """1.0 if math-verify finds the completion's answer equal to meta[answer_field], else 0.0.
 
@@ -301,13 +299,14 @@ class MathVerifyReward:
     """
 
     name = "math_verify"
+    verifier = True
 
     def __init__(self, timeout_s: float = 2.0, extract: str | None = None, answer_field: str = "answer",
                  memory_limit_mb: int = 4096):
         require("math_verify", "tasks")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s: must be > 0 seconds, got {timeout_s}")
-        self.timeout_s = timeout_s
+        self.row_timeout_s = timeout_s  # not `timeout_s`: that is the whole call's limit (base.score_batch)
         self.extract = None if extract is None else check_mode(extract)
         self.answer_field = answer_field
         self.worker = MathVerifyWorker(memory_limit_mb=memory_limit_mb)
@@ -327,7 +326,7 @@ class MathVerifyReward:
                 if meta.get("truncated", False) or not pred or not pred.strip():
                     out.append(0.0)
                     continue
-                ok = self.worker.check(gold_latex(gold), pred, self.timeout_s)
+                ok = self.worker.check(gold_latex(gold), pred, self.row_timeout_s)
                 out.append(1.0 if ok else 0.0)
         return out
 

@@ -38,8 +38,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from grpolab.algo.losses import pairwise_logsigmoid
+from grpolab.algo.optim import adamw, lr_lambda
 from grpolab.data.preferences import PrefPair
-from grpolab.train.setup import adamw, lr_lambda
 
 RM_INFO_FILE = "grpolab_rm.json"
 TINY_BASE = "builtin:tiny"
@@ -436,7 +436,7 @@ def load_reward_model(path: str | Path, device: str | torch.device = "cpu", *, d
     return model.to(device).eval(), tokenizer, info
 
 
-# --------------------------------------------------------------------------- the demo's two RMs
+# --------------------------------------------------------------------------- helpers
 
 
 @contextmanager
@@ -449,16 +449,3 @@ def torch_threads(n: int | None):
         yield
     finally:
         torch.set_num_threads(before)
-
-
-_DEMO_NAMES = ("build_demo_reward_models", "sft_backbone", "DEMO_RM_SIZE", "DEMO_RM_RECIPES",
-               "DEMO_BACKBONE_SIZE", "DEMO_BACKBONE_SFT")
-
-
-def __getattr__(name: str):
-    """Re-exports the demo RMs of grpolab.train.reward_model_demo (imported lazily: it imports this module)."""
-    if name in _DEMO_NAMES:
-        from grpolab.train import reward_model_demo
-
-        return getattr(reward_model_demo, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,8 +11,7 @@ import torch
 
 from grpolab.algo.advantages import zero_std_groups
 from grpolab.rewards.base import RewardError, combine, score_batch
-
-VERIFIERS = ("exact_match", "reasoning_gym", "math_verify", "code_tests")
+from grpolab.rewards.registry import is_verifier
 
 
 def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "StepStats"):
@@ -20,13 +19,15 @@ def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "
 
     rewards: list of (RewardFn, weight). Returns (scores: name -> [N] (NaN = abstained),
     combined [N]). on_error: raise | zero (the failing function scores 0 for the batch) |
-    skip_group (its rows become NaN: abstain). The count of errors is kept in st.
+    skip_group (its rows become NaN: abstain). The count of errors is kept in st, and so are the
+    names of the verifier rewards, in config order (the candidates of the `accuracy` metric).
     """
     G = ro.group_size
     prompts = [it.prompt for it in items for _ in range(G)]
     trunc = ro.truncated.tolist()
     metas = [{**items[i // G].meta, "truncated": trunc[i]} for i in range(len(texts))]
     scores, weights = {}, {}
+    st.verifiers = [fn.name for fn, _w in rewards if is_verifier(fn)]
     for fn, w in rewards:
         try:
             scores[fn.name] = score_batch(fn, prompts, texts, metas)
@@ -66,6 +67,7 @@ class StepStats:
         self.skipped = 0
         self.reward_errors = 0
         self.learn_tokens = 0
+        self.verifiers: list[str] = []  # score names of the verifier rewards, in config order
         self.t0 = time.perf_counter()
 
     @contextlib.contextmanager
@@ -95,7 +97,8 @@ class StepStats:
         for name, sc in scores.items():
             row[f"reward/{name}/mean"] = _mean(sc)
             row[f"reward/{name}/std"] = _std(sc)
-        for name in VERIFIERS:
+        # accuracy: the 1.0 rate of the first verifier reward (config order) that scored a row
+        for name in self.verifiers:
             if name in scores and (~torch.isnan(scores[name])).any():
                 row["accuracy"] = _mean((scores[name] == 1.0).float().masked_fill(torch.isnan(scores[name]), math.nan))
                 break

@@ -6,6 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpolab.algo.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    STD_MODES,
     group_normalize,
     group_std,
     leave_one_out,
@@ -119,7 +121,7 @@ rewards_strategy = st.integers(1, 6).flatmap(
 
 
 @settings(max_examples=60, deadline=None)
-@given(rewards_strategy, st.sampled_from(["group_norm", "rloo", "reinforce", "relu"]), st.sampled_from(["population", "sample", "none"]))
+@given(rewards_strategy, st.sampled_from(list(ADVANTAGE_ESTIMATORS)), st.sampled_from(list(STD_MODES)))
 def test_property_shape_finite_and_zero_on_nan(r, kind, std):
     adv = make_advantage_fn(kind, std=std)(r)
     assert adv.shape == r.shape

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpolab.algo.losses import (
-    AGG_MODES,
+    AGGREGATIONS,
     agg_normalizer,
     aggregate,
     clipped_surrogate,
@@ -201,7 +201,7 @@ SPLITS = {
 }
 
 
-@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("mode", list(AGGREGATIONS))
 @pytest.mark.parametrize("split", ["1xN", "uneven", "two_ranks"])
 def test_microbatch_and_rank_invariance(mode, split):
     p = _problem()
@@ -214,7 +214,7 @@ def test_microbatch_and_rank_invariance(mode, split):
 def test_two_ranks_with_rank_local_microbatches():
     # Two simulated ranks, each with its own uneven microbatches; the normalizer is summed across ranks.
     W, x, labels, mask, adv, old, ref = _problem(seed=1)
-    for mode in AGG_MODES:
+    for mode in AGGREGATIONS:
         whole = _loss_grad(W, x, labels, mask, adv, old, ref, mode, SPLITS["whole"])
         rank_grads = []
         for rank_rows in ([0, 1, 2, 3], [4, 5, 6, 7]):
@@ -250,7 +250,7 @@ def test_per_microbatch_normalizer_would_break_invariance(mode):
 @given(
     n=st.integers(1, 6),
     L=st.integers(1, 7),
-    mode=st.sampled_from(AGG_MODES),
+    mode=st.sampled_from(list(AGGREGATIONS)),
     seed=st.integers(0, 10_000),
 )
 def test_property_masks_and_shapes(n, L, mode, seed):

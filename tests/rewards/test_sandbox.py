@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from grpolab.rewards import sandbox
+from grpolab.rewards import sandbox, sandbox_procs
 from grpolab.rewards.sandbox import FALLBACK_UIDS, MODES, SANDBOX_UIDS, SandboxUnavailable, run_sandboxed, sandbox_info
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the code sandbox needs root (it switches to an unprivileged uid)")
@@ -300,9 +300,9 @@ def test_a_leftover_whose_environ_cannot_be_read_is_killed_and_waited_for(monkey
             raise ProcessLookupError(3, "No such process")
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(sandbox, "open", exiting_open, raising=False)
+    monkeypatch.setattr(sandbox_procs, "open", exiting_open, raising=False)
     try:
-        sandbox._kill_tagged(uid, "not-this-process's-token")
+        sandbox_procs.kill_tagged(uid, "not-this-process's-token")
         assert proc.poll() is not None or _state(proc.pid) == "Z", "the leftover is still running"
         assert proc.wait(timeout=5) == -signal.SIGKILL
     finally:

@@ -7,10 +7,10 @@ import torch
 from grpolab.data.arith import ArithTask
 from grpolab.data.preferences import PrefPair, refusal_pairs
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+from grpolab.train.reward_model_demo import build_demo_reward_models
 from grpolab.train.reward_model import (
     RM_INFO_FILE,
     accumulate_pair_gradients,
-    build_demo_reward_models,
     build_reward_model,
     encode_texts,
     evaluate_pairs,

@@ -225,8 +225,8 @@ def peak_rss_mb() -> float:
 def cpu_description(cpuinfo: str | None = None) -> str:
     """The CPU model, the bf16 matrix instructions it has and its widest vector unit (Linux
     /proc/cpuinfo), e.g. "AMD EPYC (avx512_bf16; avx512f)". The GEMM peaks, and so every "fraction of
-    peak", depend on them: on this project's VMs an AMX host measured 520-660 bf16 GFLOP/s on 2 cores,
-    an AVX512-BF16 one 360-400; an AVX2-only one (no bf16: emulated, ~1 GFLOP/s) 175 fp32 GFLOP/s."""
+    peak", depend on them: AMX runs bf16 products fastest, AVX512-BF16 next; without either, torch
+    emulates bf16, far slower than the float32 the CPU's vector units run natively."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()

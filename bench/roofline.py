@@ -4,7 +4,7 @@
     python bench/roofline.py --dtype float32              # a CPU without native bf16: fp32 peak only
     python bench/roofline.py --model smollm2 --prompts 4 --microbatch 32 --steps 2 --lr 1e-5 --padding-free
     python bench/roofline.py --dtype float32 --compile --compile-scope model --compile-decode --cpp-wrapper --shared-prompt --keep-freed-memory --warmup 2
-                                                          # vs_trl.py's fastest float32 grpolab side (same flags, no --grpolab-)
+                                                          # vs_trl.py's float32 grpolab side (no --grpolab- prefix)
     python bench/roofline.py --peak-only
 
 1. Peak: the best sustained rate of large GEMMs (`--gemm` = M = N = K; 20 timings of 5 back-to-back
@@ -23,9 +23,9 @@
 3. Each phase's FLOP/s over its measured time, as a fraction of the peak of the compute dtype:
    "of peak" against the peak measured once before the run; "of local" against the mean of two
    shorter peak measurements (`--bracket-repeats` timings) taken right before and right after the
-   phase's step (median over the timed steps). This VM's GEMM rate moves by up to 2x within
-   minutes (the same 2048³ bf16 GEMM: 450-650 GFLOP/s, rarely 1400), so a phase is also compared
-   with the machine's state while it ran.
+   phase's step (median over the timed steps). A shared VM's GEMM rate can change within minutes
+   (neighbours, clock and power states), so a phase is also compared with the machine's state while
+   it ran.
 """
 
 from __future__ import annotations
@@ -56,10 +56,10 @@ PHASES = ("generate", "logprob", "learn")  # the phases with model FLOPs (scorin
 def gemm_peak(dtype, size: int = 2048, repeats: int = 20, group: int = 5) -> float:
     """Best sustained FLOP/s of a size³ matmul in `dtype` (a plain torch.mm, as a model's linear
     layers use): the best of `repeats` timings of `group` back-to-back calls.
-    Best of 20 timings: with 5 timings, two runs minutes apart on this machine measured 563 and 448
-    GFLOP/s in bf16. Groups of 5 calls per timing: single calls timed alone sometimes read 1400-1600 GFLOP/s in bf16 on this VM while
-    every group of 5 calls, before and after, ran at 500-670, so the best single call measured the
-    clock, not the machine."""
+    Many timings, because the best of a few moves from run to run with the machine's state; groups
+    of calls per timing, because a single call timed alone can read well above the rate the machine
+    sustains (a short burst of a higher clock), so the best single call would measure the clock,
+    not the machine."""
     import torch
 
     a = torch.randn(size, size).to(dtype)
@@ -117,8 +117,8 @@ def run(args) -> None:
     set_threads(args.threads)
     from grpolab.models.loading import cpu_supports_bf16
 
-    # Without native bf16 (e.g. an AVX2-only CPU) torch emulates it at ~1 GFLOP/s: a 2048³ bf16 GEMM
-    # then takes ~15 s a call, so its peak is measured only where it is native or the run uses it.
+    # Without native bf16 (e.g. an AVX2-only CPU) torch emulates it, far slower than float32: a large
+    # bf16 GEMM then takes very long, so its peak is measured only where it is native or the run uses it.
     dtypes = ("float32", "bfloat16") if cpu_supports_bf16() or args.dtype == "bfloat16" else ("float32",)
     peaks = {name: gemm_peak(getattr(torch, name), args.gemm) for name in dtypes}
     print(f"CPU: {cpu_description()}")

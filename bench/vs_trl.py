@@ -139,7 +139,7 @@ def run_trl(w: Workload, steps: int, warmup: int) -> dict:
             seed=w.seed, bf16=w.dtype == "bfloat16", fp16=False, use_cpu=True,
             max_steps=w.epochs * (warmup + steps), logging_steps=10**6, report_to="none", save_strategy="no",
             disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
-            gradient_checkpointing=False,  # its fastest setting (TRL turns checkpointing on by default)
+            gradient_checkpointing=False,  # no recomputation in the backward (TRL turns checkpointing on by default)
             torch_compile=w.trl_compile,
         )
         trainer = GRPOTrainer(model=str(path), reward_funcs=reward, args=args, train_dataset=ds,
@@ -344,7 +344,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def default_dtypes() -> list[str]:
     """float32, and bfloat16 where the CPU computes it natively: elsewhere (an AVX2-only CPU) torch
-    emulates bf16: grpolab's fixture step took 52 s there against 2.3 s in float32 (bench/README.md)."""
+    emulates bf16, far slower than float32, and a bf16 run would time the emulation."""
     from grpolab.models.loading import cpu_supports_bf16
 
     return ["float32", "bfloat16"] if cpu_supports_bf16() else ["float32"]

@@ -7,43 +7,15 @@ Two backbones (`build_demo_reward_models(backbone=...)`):
   then that backbone with a new score head, fine-tuned on preference pairs. The accuracy RM adds two
   auxiliary terms to the pairwise loss (`lm_coef`, `divergence_coef` of train_reward_model): the
   LM loss on the chosen completion keeps the backbone computing the answer, and the pairwise loss
-  at the first token where chosen and rejected part puts the signal on the digit that is wrong.
-  Without them neither backbone gets past about 0.75 on "number" pairs (see below).
-- "fresh": each RM is a fresh `DEMO_RM_SIZE` tiny model trained on pairs only, about 10x faster,
-  good on every kind of pair but "number" pairs (the right answer vs another integer): about 0.71.
+  at the first token where chosen and rejected part puts the signal on the digit that is wrong:
+  a single wrong digit is otherwise seen only at EOS, which these small models learn poorly from
+  the pairwise loss alone.
+- "fresh": each RM is a fresh `DEMO_RM_SIZE` tiny model trained on pairs only: much faster, good
+  on every kind of pair but "number" pairs (the right answer vs another integer).
 
-What `build_demo_reward_models` reaches, measured on the demo task (ops "+-", LSB-first answers),
-1000 held-out pairs, seed 0.
-"sft" (default): accuracy RM 0.953 overall, 0.90 on "number" pairs (the right answer vs another
-integer on held-out facts), 1.00 on the other kinds; refusal RM 0.998; 8 min on an idle 2-core
-CPU (backbone SFT 62 s, accuracy RM 410 s, refusal RM 13 s). With the wrong numbers of an
-earlier `wrong_answer` that never erred in the units digit of an LSB-first answer: 0.963 / 0.92
-(one thread: 0.971 / 0.932 after 400 steps, 0.954 / 0.90 after 300).
-Without the auxiliary terms the same backbone reached 0.875 overall, 0.77 on "number" pairs, and
-neither 700 steps, other learning rates, 2 extra fresh layers, a frozen backbone, nor a fresh RM
-of the policy's size trained on 80k pairs got past 0.81 there: a single wrong digit is only
-seen at EOS, where comparing it with the digit the backbone would have written takes a hop these
-models do not learn from the pairwise loss alone. "number" accuracy after 64k pairs (one
-thread, lr 1e-3, batch 64, number pairs only): fresh 0.83, fresh + both terms 0.87, SFT
-backbone + both terms 0.92; the divergence term alone did not help (0.73 after 32k pairs vs
-0.75 without). "fresh": 0.859 / 0.843 overall (seeds 0, 1), 0.67 / 0.64 on "number" pairs, 1.00
-on the other kinds; about 30 s.
-Ranking π0's own mistakes is what GRPO needs, and random held-out pairs overstate it: on π0's
-wrong samples for 400 held-out prompts (1719 pairs) the 0.953 RM above is right on 0.822 of
-pairs, and ranks the answer above every wrong sample for 0.466 of prompts; GRPO on it moved the
-greedy held-out accuracy from 0.364 to 0.292 in 300 steps. With `policy=π0` (half of the
-training pairs π0's mistakes on training prompts): 0.976 on the builtin held-out pairs, 0.946 on
-"number" pairs, 0.873 / 0.571 on π0's held-out mistakes; GRPO 0.364 -> 0.383 in 300 steps. The
-whole `demo --rewards rm` (seed 0, 400 steps): RMs 0.970 / 0.999 held out, accuracy 0.364 ->
-0.279, refusal recall 0.265 -> 1.000, 14 min 11 s: the RM is still not good enough.
-A backbone that already does the arithmetic does not help (measured 2026-12-01, same recipe and
-π0): the default 800-step backbone answers only 0.084 of the held-out prompts right when sampled
-greedily, one SFT'd 1600 steps (lr 1e-3 or 2e-3, 150 s) answers 1.000, yet the accuracy RM on it
-reaches only 0.907 held out (0.79 "number"; 0.741 of pairs and 0.378 of prompts on π0's mistakes).
-Two extra zero-initialised layers on top of that backbone, frozen (depth to compare each written
-digit with the previous position's prediction): 0.938 / 0.86, 0.80 / 0.46 on π0's mistakes, and
-no better on the training prompts whose mistakes it was trained on (0.803 of pairs) than on other
-training prompts (0.810): these RMs underfit, they do not memorize.
+Ranking the policy's own mistakes is what GRPO needs, and random held-out pairs overstate it:
+`policy=π0` makes half of the accuracy RM's training pairs reject π0's own sampled mistakes on
+training prompts.
 """
 
 from __future__ import annotations

@@ -130,6 +130,8 @@ def _is_compiled_decode(query, key, attention_mask, kwargs) -> bool:
 
 def _switch_attention(model: torch.nn.Module) -> bool:
     """Puts a model that runs SDPA attention on `FAST_CPU_ATTENTION`; False if it cannot be."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None)
     if impl == FAST_CPU_ATTENTION:

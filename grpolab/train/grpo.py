@@ -66,23 +66,24 @@ def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
     before its only optimizer step (old = new.detach(), ratio ≡ 1); those log-probs are kept as
     old_logp for the later epochs, so π_old is never forwarded twice.
     """
-    cfg = s.cfg
-    n = ro.num_sequences
+    cfg, par = s.cfg, s.parallel
+    n = ro.num_sequences  # this rank's rows: N / world
     for epoch in range(cfg.train.epochs):
         order = s.forward.row_order(n, ro.group_size, s.shuffle_gen)
-        for mb, mb_idx in enumerate(order.split(cfg.train.minibatch_size)):
+        for mb, mb_idx in enumerate(order.split(cfg.train.minibatch_size // par.world_size)):
             s.progress.phase("learn", f"epoch {epoch + 1}/{cfg.train.epochs} minibatch {mb + 1}/{cfg.minibatches_per_epoch}")
             minibatch = ro.select(mb_idx)
-            normalizer = s.objective.normalizer(minibatch.loss_mask)  # fixed before splitting
+            normalizer = par.all_reduce_sum(s.objective.normalizer(minibatch.loss_mask))  # before any microbatch
             s.optimizer.zero_grad(set_to_none=True)
             loss_sum, logps = 0.0, []
             micros = s.forward.chunks(minibatch, cfg.train.microbatch_size)  # similar lengths, or equal tokens
-            for micro_idx in micros:
-                loss, stats = s.objective(s.train_model, minibatch.select(micro_idx), normalizer)
-                loss.backward()
+            for i, micro_idx in enumerate(micros):
+                with par.microbatch(s.train_model, last=i + 1 == len(micros)):  # gradients sync on the last
+                    loss, stats = s.objective(s.train_model, minibatch.select(micro_idx), normalizer)
+                    par.backward(loss)
                 st.add_micro(stats)
                 loss_sum += float(loss.detach())
                 logps.append(stats["logp"])
             if ro.old_logp is None and epoch + 1 < cfg.train.epochs:  # every row, forwarded under π_old
                 ro = ro.replace(old_logp=scatter_rows(logps, mb_idx[torch.cat(micros)], tuple(ro.loss_mask.shape)))
-            s.optimizer_step(st, loss_sum)
+            s.optimizer_step(st, par.sum_floats(loss_sum))  # every rank skips or steps alike

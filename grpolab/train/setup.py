@@ -17,6 +17,7 @@ import torch
 from grpolab.algo.optim import adamw, lr_lambda
 from grpolab.algo.advantages import make_advantage_fn, zero_std_groups
 from grpolab.config import Config, ConfigError
+from grpolab.dist.parallel import Parallel
 from grpolab.report.progress import Progress
 from grpolab.rewards.base import build_reward, probe_rewards
 from grpolab.forward import LogProbForward
@@ -148,6 +149,8 @@ class Setup:
     peak_flops: float = 0.0
     n_params: int = 0
     stop: Any = None  # e.g. a signals.StopSignal: its .requested ends the loop after the step
+    parallel: Parallel = field(default_factory=Parallel)
+    """The data-parallel group Phase B learns in (one process by default)."""
     train_model: Any = None
     """What the log-prob forwards call (Phase B, and Phase A's π_old pass): the policy, or its compiled
     wrapper (model.compile); same parameters."""
@@ -171,7 +174,8 @@ class Setup:
         """Clip, then step — or skip the step when the loss or gradient is not finite."""
         max_norm = self.cfg.train.max_grad_norm or float("inf")
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # the global norm, sharded grads included
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if not (math.isfinite(norm) and math.isfinite(loss_sum)):
             self.optimizer.zero_grad(set_to_none=True)
             st.skipped += 1

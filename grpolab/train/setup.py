@@ -140,7 +140,6 @@ class Setup:
     sample_gen: torch.Generator
     shuffle_gen: torch.Generator
     reference: Callable | None = None
-    compute_dtype: torch.dtype | None = None
     progress: Any = None
     hooks: list = field(default_factory=list)
     start_step: int = 0
@@ -253,7 +252,7 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
         rewards=rewards, prompts=prompts, optimizer=opt, scheduler=sched,
         sample_gen=torch.Generator(device=device).manual_seed(cfg.train.seed),
         shuffle_gen=torch.Generator().manual_seed(cfg.train.seed + 1),
-        reference=reference_factory(cfg, policy, forward), compute_dtype=dtype,
+        reference=reference_factory(cfg, policy, forward),
         progress=progress if progress is not None else Progress(cfg.train.steps, enabled=False),
         on_reward_error=cfg.train.on_reward_error,
         peak_flops=cfg.run.peak_tflops * 1e12,

@@ -57,8 +57,8 @@ def load_tokenizer(path):
     if cfg_file.is_file():
         cls = json.loads(cfg_file.read_text()).get("tokenizer_class")
         if cls in ("TokenizersBackend", "PreTrainedTokenizerFast"):
-            return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+            return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
 
 
 # --------------------------------------------------------------------------- dtype
@@ -166,7 +166,7 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
     GGUF quantizer still attached to the model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kw = dict(gguf_file=path.name, local_files_only=True)
+    kw = dict(gguf_file=path.name, local_files_only=True, trust_remote_code=False)
     try:
         model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kw)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, **kw)
@@ -235,7 +235,31 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
             f"model folder {path} has no *.safetensors weights (grpolab reads only safetensors; "
             "pickle checkpoints such as pytorch_model.bin are never loaded)"
         )
+    refuse_custom_code(path)
     return path
+
+
+CUSTOM_CODE_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+"""The JSON files of an HF folder in which `auto_map` asks transformers to import the folder's own Python."""
+
+
+def refuse_custom_code(path: Path) -> None:
+    """ValueError naming the folder and the file when the folder asks for its own Python code
+    (`auto_map` in one of `CUSTOM_CODE_FILES`). grpolab never runs code from a model folder: every
+    transformers load here also passes trust_remote_code=False, so transformers refuses rather than
+    asks on the terminal."""
+    for name in CUSTOM_CODE_FILES:
+        f = Path(path) / name
+        if not f.is_file():
+            continue
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"model folder {path}: {name} is not valid JSON ({e})") from None
+        if isinstance(data, dict) and data.get("auto_map"):
+            raise ValueError(f"model folder {path}: {name} asks for the folder's own Python code (auto_map: "
+                             f"{sorted(data['auto_map'])}); grpolab never runs code from a model folder. Use a "
+                             "model whose architecture transformers ships (e.g. llama, qwen2, gpt2)")
 
 
 def check_causal_lm(path: Path) -> Any:
@@ -243,7 +267,7 @@ def check_causal_lm(path: Path) -> Any:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING or getattr(config, "is_encoder_decoder", False):
         raise ValueError(
             f"model {path}: model_type {config.model_type!r} ({type(config).__name__}) is not a "
@@ -270,7 +294,7 @@ def load_model(
     path = resolve_model_path(name_or_path)
     config = check_causal_lm(path)
     model = AutoModelForCausalLM.from_pretrained(
-        path, config=config, dtype=torch_dtype, use_safetensors=True, local_files_only=True
+        path, config=config, dtype=torch_dtype, use_safetensors=True, local_files_only=True, trust_remote_code=False
     )
     try:
         tokenizer = load_tokenizer(path)

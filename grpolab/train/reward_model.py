@@ -177,7 +177,8 @@ def build_reward_model(base: Any, tokenizer, *, seed: int = 0, **tiny_kwargs: An
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         rm = AutoModelForSequenceClassification.from_pretrained(
-            path, num_labels=1, dtype=torch.float32, use_safetensors=True, local_files_only=True
+            path, num_labels=1, dtype=torch.float32, use_safetensors=True, local_files_only=True,
+            trust_remote_code=False,
         )
     return _set_pad(rm, tokenizer.pad_token_id)
 
@@ -416,15 +417,16 @@ def load_reward_model(path: str | Path, device: str | torch.device = "cpu", *, d
     """
     from transformers import AutoModelForSequenceClassification
 
-    from grpolab.models.loading import load_tokenizer
+    from grpolab.models.loading import load_tokenizer, refuse_custom_code
 
     p = Path(path).expanduser()
     if not p.is_dir():
         raise FileNotFoundError(f"reward model not found: {p} is not a folder (train one with `grpolab rm`)")
     if not (p / "config.json").is_file() or not any(p.glob("*.safetensors")):
         raise FileNotFoundError(f"reward model folder {p} has no config.json or *.safetensors weights")
+    refuse_custom_code(p)
     model = AutoModelForSequenceClassification.from_pretrained(
-        p, dtype=dtype, use_safetensors=True, local_files_only=True
+        p, dtype=dtype, use_safetensors=True, local_files_only=True, trust_remote_code=False
     )
     if model.config.num_labels != 1:
         raise ValueError(f"reward model {p}: num_labels={model.config.num_labels}; a reward model has one output")

@@ -203,3 +203,31 @@ def test_frozen_copy_casts_parameters_keeps_ties_and_leaves_the_model_alone(dtyp
         next(cp.parameters()).add_(1.0)  # editing the copy leaves the model alone
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert model.training and not cp.training
+
+
+@pytest.mark.parametrize("file", ["config.json", "tokenizer_config.json"])
+def test_a_folder_asking_for_its_own_code_is_refused_before_any_of_it_runs(tmp_path, file, monkeypatch):
+    """auto_map names Python in the folder; its module would write a marker if it ever ran, and a
+    'y' waits on stdin in case anything asked for permission."""
+    import io
+    import json
+
+    from safetensors.torch import save_file
+
+    from grpolab.train.reward_model import load_reward_model
+
+    config = {"model_type": "llama", "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "intermediate_size": 32}
+    extra = {"auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}}
+    (tmp_path / "config.json").write_text(json.dumps({**config, **(extra if file == "config.json" else {})}))
+    if file != "config.json":
+        (tmp_path / file).write_text(json.dumps({"tokenizer_class": "EvilTokenizer", **extra}))
+    marker = tmp_path / "ran"
+    (tmp_path / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    save_file({"x": torch.zeros(1)}, tmp_path / "model.safetensors")
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))
+    with pytest.raises(ValueError, match=f"{file} asks for the folder's own Python code"):
+        load_model(tmp_path)
+    with pytest.raises(ValueError, match="never runs code from a model folder"):
+        load_reward_model(tmp_path)
+    assert not marker.exists()

@@ -84,6 +84,14 @@ class DataConfig:
     """Held-out prompts for evaluation (never trained on)."""
     system_prompt: str | None = None
     """System prompt for chat templates; None keeps the template's own default."""
+    chat_template: bool | str = "auto"
+    """jsonl/hf/rg prompts through the tokenizer's chat template: auto (when the tokenizer has one),
+    true (required: an error when it has none), false (the prompt text as it is; chat messages are
+    then an error)."""
+    prompt_field: str = "prompt"
+    """jsonl/hf rows: the field holding the prompt text."""
+    messages_field: str = "messages"
+    """jsonl/hf rows: the field holding chat messages (a list of {role, content}), instead of a prompt."""
     max_prompt_tokens: int = 256
     """Longest prompt accepted; longer prompts are reported with their file and line."""
     seed: int = 0

@@ -235,10 +235,11 @@ def _set_unknown(d: dict, parts: list[str]) -> dict:
 
 # ----------------------------------------------------------------------------- validation
 # Enumerated fields whose values are not a registry: dotted field -> allowed values.
-FIXED_CHOICES: dict[str, tuple[str, ...]] = {
+FIXED_CHOICES: dict[str, tuple] = {
     "model.dtype": ("float32", "bfloat16", "auto"),
     "model.compile_scope": ("blocks", "model"),
     "train.on_reward_error": ("raise", "zero", "skip_group"),
+    "data.chat_template": ("auto", True, False),
 }
 
 SFT_POLICY_LOSS = "sft"
@@ -291,9 +292,10 @@ def get_field(cfg, dotted: str) -> Any:
 
 def _choice(value, allowed, field_name):
     if value not in allowed:
-        close = difflib.get_close_matches(str(value), list(allowed), n=1)
+        close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise _err(f"{field_name}={value!r} is not one of {', '.join(map(str, allowed))}.{hint}")
+        names = ", ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)
+        raise _err(f"{field_name}={value!r} is not one of {names}.{hint}")
 
 
 def _check_shared_prompt(cfg) -> None:

@@ -127,9 +127,15 @@ def format_reference(entries: list[FieldDoc], title: str = "") -> str:
         lines += _indent(e.doc or "(no docstring)", 4)
         if e.choices:
             lines.append("    known names (or 'module:attr'):" if e.open_choices else "    choices:")
-            width = max(len(k) for k in e.choices)
-            lines += [f"      {k.ljust(width)}  {d}".rstrip() for k, d in e.choices.items()]
+            names = {_yaml_name(k): d for k, d in e.choices.items()}
+            width = max(len(k) for k in names)
+            lines += [f"      {k.ljust(width)}  {d}".rstrip() for k, d in names.items()]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _yaml_name(choice) -> str:
+    """A choice as it is written in YAML (true / false for booleans)."""
+    return str(choice).lower() if isinstance(choice, bool) else str(choice)
 
 
 def _indent(text: str, n: int) -> list[str]:

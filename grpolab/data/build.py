@@ -24,6 +24,19 @@ def arith_eval_items(cfg, task: ArithTask | None = None):
                           f"(data.arith_unanswerable_share={cfg.data.arith_unanswerable_share}): {e}") from None
 
 
+def source_options(cfg, tokenizer) -> dict:
+    """The loaders' keyword arguments for cfg.data (field names, system prompt, chat template).
+    data.chat_template=true with a tokenizer that has no chat template is a ConfigError."""
+    from grpolab.config import ConfigError
+
+    d = cfg.data
+    if d.chat_template is True and getattr(tokenizer, "chat_template", None) is None:
+        raise ConfigError(f"data.chat_template=true but the tokenizer of model.name_or_path="
+                          f"{cfg.model.name_or_path!r} has no chat template; set data.chat_template=false (plain "
+                          "prompts) or auto")
+    return dict(tokenizer=tokenizer, system_prompt=d.system_prompt, use_chat_template=d.chat_template is not False)
+
+
 def prompt_stream(cfg, tokenizer):
     """The GRPO prompt stream of cfg.data.source (seeded by train.seed)."""
     src = cfg.data.source
@@ -33,16 +46,17 @@ def prompt_stream(cfg, tokenizer):
     if kind == "jsonl":
         from grpolab.data.sources import load_jsonl
 
-        items = load_jsonl(arg, tokenizer=tokenizer, system_prompt=cfg.data.system_prompt)
+        items = load_jsonl(arg, prompt_field=cfg.data.prompt_field, messages_field=cfg.data.messages_field,
+                           **source_options(cfg, tokenizer))
     elif kind == "hf":
         from grpolab.data.sources import load_hf_dataset
 
-        items = load_hf_dataset(arg, "train", tokenizer=tokenizer, system_prompt=cfg.data.system_prompt)
+        items = load_hf_dataset(arg, "train", prompt_field=cfg.data.prompt_field,
+                                messages_field=cfg.data.messages_field, **source_options(cfg, tokenizer))
     elif kind == "rg":
         from grpolab.data.sources import reasoning_gym_items
 
-        items = reasoning_gym_items(arg, size=10_000, seed=cfg.data.seed, tokenizer=tokenizer,
-                                    system_prompt=cfg.data.system_prompt)
+        items = reasoning_gym_items(arg, size=10_000, seed=cfg.data.seed, **source_options(cfg, tokenizer))
     else:
         raise ValueError(f"data.source={src!r}: expected builtin:arith, jsonl:PATH, hf:PATH or rg:TASK")
     return ListStream(items, seed=cfg.train.seed)

@@ -111,10 +111,12 @@ def check_prompt_lengths(cfg: Config, policy, tokenizer, prompts) -> None:
     kind, _, path = cfg.data.source.partition(":")
     if kind in ("jsonl", "hf"):  # the loader's own check names the file and line / row
         from grpolab.data import sources
+        from grpolab.data.build import source_options
 
         load = sources.load_jsonl if kind == "jsonl" else sources.load_hf_dataset
         try:
-            load(path, tokenizer=tokenizer, system_prompt=cfg.data.system_prompt, max_prompt_tokens=limit)
+            load(path, prompt_field=cfg.data.prompt_field, messages_field=cfg.data.messages_field,
+                 max_prompt_tokens=limit, **source_options(cfg, tokenizer))
         except ValueError as e:
             raise ValueError(f"{e} ({why})") from None
     raise ValueError(f"data.source={cfg.data.source!r}: prompt {bad} ({items[bad].prompt[:60]!r}) is {lengths[bad]} "

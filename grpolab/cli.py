@@ -35,7 +35,11 @@ def _load_cfg(args):
 
 
 def _train(args) -> int:
-    """Bad input (data, model, rewards, checkpoints) ends the run with one paragraph naming the
+    return _named_errors(_train_run, args)
+
+
+def _named_errors(run, args) -> int:
+    """run(args); bad input (data, model, rewards, checkpoints) ends it with one paragraph naming the
     culprit, not a traceback (GRPOLAB_DEBUG=1 shows it); config errors go to main()."""
     import os
 
@@ -44,7 +48,7 @@ def _train(args) -> int:
     from grpolab.train.checkpoint import CheckpointError
 
     try:
-        return _train_run(args)
+        return run(args)
     except ConfigError:
         raise
     except (CheckpointError, RewardError, ValueError, FileNotFoundError) as e:
@@ -93,6 +97,11 @@ def _refuse_to_overwrite(cfg, run_dir: Path) -> None:
                           "to continue that run, or choose another run.out_dir")
 
 
+def _print_sft_loss(i: int, loss: float) -> None:
+    if i == 0 or (i + 1) % 50 == 0:
+        print(f"[sft] step {i + 1} loss {loss:.4f}")
+
+
 def _sft_from_cfg(cfg) -> int:
     from grpolab.data.build import arith_task
     from grpolab.train.run import make_run_dir, write_config
@@ -103,12 +112,15 @@ def _sft_from_cfg(cfg) -> int:
     write_config(cfg, run_dir)
     model, tok = load_policy(cfg)
     if cfg.data.source != "builtin:arith":
-        from grpolab.data.sources import load_sft_pairs
+        from grpolab.data.build import source_options
+        from grpolab.data.sft_pairs import load_sft_pairs
 
-        pairs = load_sft_pairs(cfg.data.source.partition(":")[2], tokenizer=tok, system_prompt=cfg.data.system_prompt)
+        d = cfg.data
+        pairs = load_sft_pairs(d.source, response_field=d.response_field, prompt_field=d.prompt_field,
+                               messages_field=d.messages_field, **source_options(cfg, tok))
         losses = train_sft(model, tok, pairs, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
                            microbatch_size=cfg.sft.microbatch_size, lr=cfg.sft.lr, seed=cfg.train.seed,
-                           on_step=lambda i, loss: print(f"[sft] step {i + 1} loss {loss:.4f}") if (i + 1) % 50 == 0 else None)
+                           on_step=_print_sft_loss)
     else:  # the built-in task: refusal kinds and the early stop on a training-side probe as in the demo
         losses = sft_builtin(model, tok, arith_task(cfg), cfg)
     model.save_pretrained(run_dir / "final")
@@ -118,6 +130,10 @@ def _sft_from_cfg(cfg) -> int:
 
 
 def _sft(args) -> int:
+    return _named_errors(_sft_run, args)
+
+
+def _sft_run(args) -> int:
     from grpolab import config as C
 
     base = args.config or "sft"

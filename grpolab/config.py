@@ -92,6 +92,9 @@ class DataConfig:
     """jsonl/hf rows: the field holding the prompt text."""
     messages_field: str = "messages"
     """jsonl/hf rows: the field holding chat messages (a list of {role, content}), instead of a prompt."""
+    response_field: str = "response"
+    """SFT rows (`grpolab sft` on jsonl/hf): the field holding the response to a prompt_field row (a
+    messages row's response is its last, assistant, message)."""
     max_prompt_tokens: int = 256
     """Longest prompt accepted; longer prompts are reported with their file and line."""
     seed: int = 0

@@ -130,21 +130,24 @@ def load_jsonl(
                     system_prompt=system_prompt, use_chat_template=use_chat_template,
                     max_prompt_tokens=max_prompt_tokens)
     path = Path(path)
+    items = [row_to_item(row, where, opts) for where, row in jsonl_rows(path, "prompt file")]
+    if not items:
+        raise ValueError(f"{path}: no prompts (the file is empty)")
+    return items
+
+
+def jsonl_rows(path: Path, what: str = "file"):
+    """("PATH:LINE", row) for each non-blank line of a JSONL file; errors name the file and line."""
     if not path.is_file():
-        raise FileNotFoundError(f"prompt file not found: {path}")
-    items = []
+        raise FileNotFoundError(f"{what} not found: {path}")
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                yield f"{path}:{lineno}", json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
-            items.append(row_to_item(row, f"{path}:{lineno}", opts))
-    if not items:
-        raise ValueError(f"{path}: no prompts (the file is empty)")
-    return items
 
 
 _BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
@@ -171,6 +174,15 @@ def _open_local_dataset(path: Path, split: str, cache_dir: str | None) -> Any:
         raise ValueError(f"dataset {path} (split {split!r}): {e}") from None
 
 
+def dataset_rows(path: Path, split: str = "train", cache_dir: str | None = None):
+    """("PATH[split] row I", row) for each row of a LOCAL dataset (see `load_hf_dataset`)."""
+    if not path.exists():
+        raise FileNotFoundError(f"dataset {str(path)!r} not found locally (only local files and folders are "
+                                "read; nothing is downloaded from the Hub)")
+    for i, row in enumerate(_open_local_dataset(path, split, cache_dir)):
+        yield f"{path}[{split}] row {i}", row
+
+
 def load_hf_dataset(
     path: str | os.PathLike,
     split: str = "train",
@@ -192,11 +204,7 @@ def load_hf_dataset(
                     system_prompt=system_prompt, use_chat_template=use_chat_template,
                     max_prompt_tokens=max_prompt_tokens)
     p = Path(path).expanduser()
-    if not p.exists():
-        raise FileNotFoundError(f"dataset {str(path)!r} not found locally (only local files and folders are "
-                                "read; nothing is downloaded from the Hub)")
-    ds = _open_local_dataset(p, split, cache_dir)
-    items = [row_to_item(row, f"{p}[{split}] row {i}", opts) for i, row in enumerate(ds)]
+    items = [row_to_item(row, where, opts) for where, row in dataset_rows(p, split, cache_dir)]
     if not items:
         raise ValueError(f"dataset {p} (split {split!r}) has no rows")
     return items

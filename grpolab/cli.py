@@ -1,4 +1,4 @@
-"""Command line: grpolab demo | train | sft | eval | rm | report | compare | config."""
+"""Command line: grpolab demo | train | sft | eval | rm | report | compare | config | export."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _named_errors(run, args) -> int:
         return run(args)
     except ConfigError:
         raise
-    except (CheckpointError, RewardError, ValueError, FileNotFoundError) as e:
+    except (CheckpointError, RewardError, ValueError, FileNotFoundError, FileExistsError) as e:
         if os.environ.get("GRPOLAB_DEBUG"):
             raise
         print(f"grpolab: error: {e}", file=sys.stderr)
@@ -172,6 +172,17 @@ def _compare(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    return _named_errors(_export_run, args)
+
+
+def _export_run(args) -> int:
+    from grpolab.train.export import export_run
+
+    print(f"exported to {export_run(args.run_dir, args.out, args.step)}")
+    return 0
+
+
 def _config(args) -> int:
     from grpolab import config as C
     from grpolab.config_reference import config_reference
@@ -224,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run_dirs", nargs="+")
     c.add_argument("--out", default="compare.html")
     c.set_defaults(fn=_compare)
+
+    x = sub.add_parser("export", help="a run's policy as a standalone HF folder (LoRA merged, tokenizer, "
+                                      "generation config)")
+    x.add_argument("run_dir")
+    x.add_argument("--out", required=True, help="a new folder")
+    x.add_argument("--step", type=int, default=None, help="a step checkpoint (default: the final policy)")
+    x.set_defaults(fn=_export)
 
     k = sub.add_parser("config", help="print every config field of a preset or YAML file: value, type, doc, choices")
     k.add_argument("config", help="a preset name (grpo, dapo, ...) or a YAML file")

@@ -1,0 +1,64 @@
+"""`grpolab export RUN_DIR --out DIR`: a run's policy as a standalone Hugging Face folder.
+
+The folder holds the model (LoRA adapters merged into the base weights), its config, generation
+config and tokenizer (with its chat template): `AutoModelForCausalLM.from_pretrained(DIR)` and
+`AutoTokenizer.from_pretrained(DIR)` load it without grpolab. The weights come from a step
+checkpoint (`--step N`; every checkpoint holds the whole policy) or, by default, from the run's
+final policy: `final/` when it is a whole model, else the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpolab import config as C
+from grpolab.train import checkpoint as ck
+
+
+def _weights_of(run_dir: Path, step: int | None) -> tuple[Path, Path]:
+    """(folder, file) of the policy weights to export: a checkpoint's model.safetensors, or final/'s."""
+    root = run_dir / ck.CHECKPOINTS
+    if step is not None:
+        path = root / f"step-{step}"
+        if not path.is_dir():
+            steps = [p.name for p in ck.complete_checkpoints(root)] if root.is_dir() else []
+            raise FileNotFoundError(f"{run_dir}: no checkpoint step-{step} (complete ones: {', '.join(steps) or 'none'})")
+        ck.check_complete(path)
+        return path, path / "model.safetensors"
+    final = run_dir / "final"
+    if (final / "model.safetensors").is_file():
+        return final, final / "model.safetensors"
+    latest = ck.latest_checkpoint(root) if root.is_dir() else None
+    if latest is None:
+        raise FileNotFoundError(f"{run_dir}: neither final/model.safetensors nor a complete checkpoint to export "
+                                "(a LoRA run's final/ holds only the adapter; export one of its checkpoints)")
+    return latest, latest / "model.safetensors"
+
+
+def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
+    """Writes the run's policy (see the module docstring) to `out`; returns it."""
+    from safetensors.torch import load_model
+
+    from grpolab.train.setup import load_policy
+
+    run_dir, out = Path(run_dir), Path(out)
+    if not (run_dir / "config.yaml").is_file():
+        raise FileNotFoundError(f"{run_dir} is not a grpolab run directory (no config.yaml)")
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"export: --out {out} exists and is not empty; choose a new folder")
+    cfg = C.load(str(run_dir / "config.yaml"))
+    _, weights = _weights_of(run_dir, step)
+    policy, tokenizer = load_policy(cfg)  # the run's architecture (LoRA wrapped when it trained LoRA)
+    try:
+        load_model(policy, str(weights), strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"export: {weights} does not fit the model of {run_dir / 'config.yaml'}: "
+                         f"{' '.join(str(e).split())[:300]}") from None
+    if cfg.model.lora_rank > 0:
+        policy = policy.merge_and_unload()
+    out.mkdir(parents=True, exist_ok=True)
+    policy.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    if getattr(policy, "generation_config", None) is not None:
+        policy.generation_config.save_pretrained(out)
+    return out

@@ -22,7 +22,8 @@ def _weights_of(run_dir: Path, step: int | None) -> tuple[Path, Path]:
         path = root / f"step-{step}"
         if not path.is_dir():
             steps = [p.name for p in ck.complete_checkpoints(root)] if root.is_dir() else []
-            raise FileNotFoundError(f"{run_dir}: no checkpoint step-{step} (complete ones: {', '.join(steps) or 'none'})")
+            raise FileNotFoundError(f"{run_dir}: no checkpoint step-{step} "
+                                    f"(complete ones: {', '.join(steps) or 'none'})")
         ck.check_complete(path)
         return path, path / "model.safetensors"
     final = run_dir / "final"

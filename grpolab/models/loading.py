@@ -27,6 +27,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -211,9 +212,35 @@ MODEL_SHORTCUTS: dict[str, Callable[[], Path]] = {
 }
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""A Hugging Face hub repository id (org/name) that is not a local path."""
+
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+"""What a hub model download fetches: configs, safetensors weights, tokenizer files, chat template;
+never pickles or Python code."""
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local folder of a hub model, as transformers gets it: the Hugging Face cache (HF_HOME,
+    HF_HUB_CACHE), downloaded when missing unless HF_HUB_OFFLINE=1. FileNotFoundError naming the id
+    when it is neither cached nor reachable."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+    except LocalEntryNotFoundError:
+        raise FileNotFoundError(f"model {repo_id!r}: no such local folder, not in the Hugging Face cache, and the "
+                                "hub cannot be reached (HF_HUB_OFFLINE=1 or no network); download it where there "
+                                "is a network, or give a local folder") from None
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        raise FileNotFoundError(f"model {repo_id!r}: cannot be fetched from the Hugging Face hub "
+                                f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+
+
 def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
-    """The HF folder to load: a shortcut's (converted) folder, a GGUF's converted folder, or the
-    folder itself (a shortcut name wins over a folder of the same name). Fails at once, naming the
+    """The HF folder to load: a shortcut's (converted) folder, a GGUF's converted folder, a hub id's
+    cached snapshot (`hub_snapshot`), or the folder itself (a shortcut name wins over a folder of the same name). Fails at once, naming the
     input, when it is none of these."""
     key = str(name_or_path)
     if key in MODEL_SHORTCUTS:
@@ -221,10 +248,12 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
     path = Path(key).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         return convert_gguf(path)
+    if not path.exists() and _HUB_ID.fullmatch(key):
+        path = hub_snapshot(key)
     if not path.exists():
         raise FileNotFoundError(
-            f"model {key!r} not found: not an existing folder or .gguf file, and not a shortcut "
-            f"(known: {', '.join(sorted(MODEL_SHORTCUTS))}). Models are never downloaded."
+            f"model {key!r} not found: not an existing folder or .gguf file, not a Hugging Face hub id "
+            f"(org/name), and not a shortcut (known: {', '.join(sorted(MODEL_SHORTCUTS))})."
         )
     if not path.is_dir():
         raise ValueError(f"model {key!r} is a file but not a .gguf; give an HF folder (config.json + safetensors)")

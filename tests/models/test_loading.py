@@ -231,3 +231,27 @@ def test_a_folder_asking_for_its_own_code_is_refused_before_any_of_it_runs(tmp_p
     with pytest.raises(ValueError, match="never runs code from a model folder"):
         load_reward_model(tmp_path)
     assert not marker.exists()
+
+
+def test_a_hub_id_loads_from_the_hugging_face_cache_and_is_named_when_not_there(tmp_path, monkeypatch):
+    """As transformers does: a cached snapshot of org/name is used (HF_HUB_OFFLINE=1 here: nothing is
+    fetched); an id neither cached nor reachable is one FileNotFoundError naming it."""
+    import huggingface_hub.constants as hub
+
+    from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--someorg--tiny-model"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=3)
+    model.save_pretrained(snapshot)
+    tok.save_pretrained(snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    loaded, _ = load_model("someorg/tiny-model")
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], value)
+    with pytest.raises(FileNotFoundError, match="'someorg/missing': no such local folder, not in the Hugging Face cache"):
+        load_model("someorg/missing")

@@ -23,7 +23,8 @@ class ModelConfig:
     """The policy model, and how its log-prob forwards run."""
 
     name_or_path: str = "builtin:tiny"
-    """Policy model: 'builtin:tiny' (built locally), an HF folder, a .gguf file, or 'smollm2-135m-instruct'."""
+    """Policy model: 'builtin:tiny' (built locally), an HF folder, a hub id 'org/name' (from the Hugging
+    Face cache, downloaded when online), a .gguf file, or 'smollm2-135m-instruct'."""
     dtype: str = "float32"
     """Compute dtype: float32; bfloat16 (autocast, master weights stay float32); auto (bfloat16 where
     the CPU or GPU supports it, else float32)."""

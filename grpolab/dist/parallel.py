@@ -18,22 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-STRATEGIES = ("none", "ddp", "fsdp2")
-
 
 @dataclass(frozen=True)
 class Parallel:
     rank: int = 0
     world_size: int = 1
     strategy: str = "none"
-
-    @classmethod
-    def from_process_group(cls, strategy: str) -> "Parallel":
-        """The Parallel of the initialized default process group (one process when there is none)."""
-        dist = torch.distributed
-        if not (dist.is_available() and dist.is_initialized()):
-            return cls()
-        return cls(dist.get_rank(), dist.get_world_size(), strategy)
 
     @property
     def active(self) -> bool:
@@ -49,11 +39,7 @@ class Parallel:
 
     def sum_floats(self, value: float) -> float:
         """The sum of a Python float over ranks (float64 on the wire)."""
-        if not self.active:
-            return value
-        out = torch.tensor(value, dtype=torch.float64)
-        torch.distributed.all_reduce(out)
-        return float(out)
+        return float(self.all_reduce_sum(torch.tensor(value, dtype=torch.float64))) if self.active else value
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """What Phase B calls: `model` (one process), DDP(model), or `model` sharded in place by FSDP2
@@ -76,14 +62,10 @@ class Parallel:
     def microbatch(self, module, last: bool):
         """Context of one microbatch's forward and backward: gradients are reduced over ranks only on
         the minibatch's `last` microbatch (no sync per microbatch)."""
-        if not self.active or last:
-            if self.strategy == "fsdp2" and self.active:
-                module.set_requires_gradient_sync(True)
-            return contextlib.nullcontext()
-        if self.strategy == "ddp":
+        if self.active and self.strategy == "fsdp2":
+            module.set_requires_gradient_sync(last)
+        if self.active and self.strategy == "ddp" and not last:
             return module.no_sync()
-        if self.strategy == "fsdp2":
-            module.set_requires_gradient_sync(False)
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:

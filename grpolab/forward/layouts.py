@@ -195,8 +195,8 @@ def _check_packable(real: torch.Tensor, prompt_len: int) -> None:
         raise ValueError("model.padding_free: a row has completion tokens but no prompt token before them")
 
 
-def _grouped(fn):
-    """Adapts a layout function without a group size to the registry's common signature."""
+def _ignoring_group_size(fn):
+    """A layout function without a group size, in the registry's common signature."""
     @functools.wraps(fn)
     def call(model, input_ids, attention_mask, prompt_len, group_size, *args):
         return fn(model, input_ids, attention_mask, prompt_len, *args)
@@ -223,8 +223,8 @@ class Layout:
 
 
 LAYOUTS: dict[str, Layout] = {
-    "padded": Layout("padded", _grouped(padded_completion_logprobs), length_buckets, False, None),
-    "padding_free": Layout("padding_free", _grouped(packed_completion_logprobs), balanced_buckets, False,
+    "padded": Layout("padded", _ignoring_group_size(padded_completion_logprobs), length_buckets, False, None),
+    "padding_free": Layout("padding_free", _ignoring_group_size(packed_completion_logprobs), balanced_buckets, False,
                            "model.padding_free"),
     "shared_prompt": Layout("shared_prompt", grouped_completion_logprobs, group_buckets, True, "model.shared_prompt"),
     "padding_free+shared_prompt": Layout("padding_free+shared_prompt", packed_grouped_completion_logprobs,

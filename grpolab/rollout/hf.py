@@ -59,7 +59,6 @@ class HFEngine:
     weight_version: int = 0
     """Optimizer phases behind the sampled weights (`load_weights`)."""
 
-    @torch.no_grad()
     def generate(self, prompts: Sequence[str], group_size: int, *, generator: torch.Generator | None = None,
                  greedy: bool = False) -> Rollout:
         """`Engine.generate`: G completions per prompt from `model`, N = len(prompts) × G rows."""

@@ -15,8 +15,8 @@ from grpolab import config as C
 from grpolab.train import checkpoint as ck
 
 
-def _weights_of(run_dir: Path, step: int | None) -> tuple[Path, Path]:
-    """(folder, file) of the policy weights to export: a checkpoint's model.safetensors, or final/'s."""
+def _weights_of(run_dir: Path, step: int | None) -> Path:
+    """The policy weights to export: a checkpoint's model.safetensors, or final/'s."""
     root = run_dir / ck.CHECKPOINTS
     if step is not None:
         path = root / f"step-{step}"
@@ -25,15 +25,15 @@ def _weights_of(run_dir: Path, step: int | None) -> tuple[Path, Path]:
             raise FileNotFoundError(f"{run_dir}: no checkpoint step-{step} "
                                     f"(complete ones: {', '.join(steps) or 'none'})")
         ck.check_complete(path)
-        return path, path / "model.safetensors"
+        return path / "model.safetensors"
     final = run_dir / "final"
     if (final / "model.safetensors").is_file():
-        return final, final / "model.safetensors"
+        return final / "model.safetensors"
     latest = ck.latest_checkpoint(root) if root.is_dir() else None
     if latest is None:
         raise FileNotFoundError(f"{run_dir}: neither final/model.safetensors nor a complete checkpoint to export "
                                 "(a LoRA run's final/ holds only the adapter; export one of its checkpoints)")
-    return latest, latest / "model.safetensors"
+    return latest / "model.safetensors"
 
 
 def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
@@ -48,7 +48,7 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"export: --out {out} exists and is not empty; choose a new folder")
     cfg = C.load(str(run_dir / "config.yaml"))
-    _, weights = _weights_of(run_dir, step)
+    weights = _weights_of(run_dir, step)
     policy, tokenizer = load_policy(cfg)  # the run's architecture (LoRA wrapped when it trained LoRA)
     try:
         load_model(policy, str(weights), strict=True)

@@ -195,7 +195,7 @@ class StepPrinter:
         self.evals: dict[int, dict] = {}
         self.t0 = time.perf_counter()
 
-    def __call__(self, step, row, ro, items, texts, scores) -> None:
+    def __call__(self, step, row, record) -> None:
         _say(f"step {step + 1:3d}/{self.steps}  reward {row['reward/mean']:.3f}  "
              f"mixed groups {1 - row['groups/zero_std_frac']:.2f}  len {row['len/mean']:.1f} "
              f"(trunc {row['len/truncated_frac']:.2f})  entropy {row['entropy']:.3f}  "

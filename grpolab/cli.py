@@ -35,7 +35,20 @@ def _load_cfg(args):
 
 
 def _train(args) -> int:
-    return _named_errors(_train_run, args)
+    import os
+
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:  # start torchrun, which runs this command per rank
+        from grpolab.dist.launch import strip_nproc, torchrun_command
+
+        cmd = torchrun_command(args.nproc, strip_nproc(args.argv))
+        print("grpolab: " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+        os.execv(cmd[0], cmd)  # signals reach torchrun, which forwards them to the ranks
+    from grpolab.dist.launch import close_parallel
+
+    try:
+        return _named_errors(_train_run, args)
+    finally:
+        close_parallel()
 
 
 def _named_errors(run, args) -> int:
@@ -63,7 +76,8 @@ def _train_run(args) -> int:
     from grpolab.report.progress import Progress
     from grpolab.train.checkpoint import resolve_resume, step_of
     from grpolab.train.run import make_run_dir, train_in_run_dir, write_config
-    from grpolab.train.setup import build_setup
+    from grpolab.dist.launch import init_parallel
+    from grpolab.train.setup import build_setup, resolve_compute_dtype
 
     cfg = _threads(_load_cfg(args))
     if args.resume:
@@ -75,14 +89,18 @@ def _train_run(args) -> int:
     resume_from = resolve_resume(cfg.run.resume, Path(cfg.run.out_dir or "."))
     if resume_from is not None and not cfg.run.out_dir:  # an explicit checkpoint: continue its run
         cfg = cfg.replace(**{"run.out_dir": str(resume_from.parent.parent)})
-    run_dir = make_run_dir(cfg)
+    par = init_parallel(cfg.model.device, cfg.train.parallel, resolve_compute_dtype(cfg.model.dtype, cfg.model.device))
+    run_dir = Path(par.broadcast(str(make_run_dir(cfg)) if par.is_main else None))  # one folder, rank 0's name
     _refuse_to_overwrite(cfg, run_dir)
-    write_config(cfg, run_dir)
+    par.barrier()  # every rank has looked before rank 0 writes
+    if par.is_main:
+        write_config(cfg, run_dir)
     start = min(step_of(resume_from), cfg.train.steps) if resume_from is not None else 0
-    progress = Progress(cfg.train.steps, enabled=cfg.run.progress, start_step=start)
-    setup = build_setup(cfg, progress=progress)
+    progress = Progress(cfg.train.steps, enabled=cfg.run.progress and par.is_main, start_step=start)
+    setup = build_setup(cfg, progress=progress, parallel=par)
     code = train_in_run_dir(setup, run_dir, resume_from)
-    print(f"run directory: {run_dir}")
+    if par.is_main:
+        print(f"run directory: {run_dir}")
     return code
 
 
@@ -215,6 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true",
                    help="continue run.out_dir from its latest complete checkpoint (a fresh start if it has none); "
                         "put it after the overrides. run.resume=PATH picks a checkpoint")
+    t.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="data-parallel ranks on this host: starts `torchrun --standalone --nproc-per-node N "
+                        "-m grpolab train ...` (train.parallel picks ddp or fsdp2; use torchrun itself for "
+                        "several nodes)")
     t.set_defaults(fn=_train)
 
     s = sub.add_parser("sft", help="supervised fine-tuning (token cross-entropy)")
@@ -260,7 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from grpolab.config import ConfigError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         return args.fn(args)
     except ConfigError as e:

@@ -200,16 +200,19 @@ class TrainConfig:
     minibatch_size: int = 64
     """Sequences per optimizer step."""
     microbatch_size: int = 32
-    """Sequences per forward/backward (gradients accumulate up to a minibatch)."""
+    """Sequences per forward/backward on one rank (gradients accumulate up to a minibatch): a memory
+    knob of each device, so it is per rank, while minibatch_size counts the whole minibatch."""
     keep_freed_memory: bool = False
     """CPU with glibc: keep freed memory in the process between phases instead of handing it back to
     the OS (no malloc_trim after the rollout and the no-grad passes; glibc's mmap and trim thresholds
     at 1 GiB), so Phase B reuses pages instead of page-faulting them in again. Trades a few percent
     more peak RSS for less time per step, most where page faults are expensive (VMs). Process-wide
     once set (grpolab.memory.keep_freed_memory)."""
-    world_size: int = 1
-    """Data-parallel ranks. Only 1 is accepted: data parallelism is not available yet in this version,
-    and validation refuses larger values rather than train on one process as if it were several."""
+    parallel: str = "ddp"
+    """Data-parallel strategy when the launcher (torchrun) starts several ranks: ddp (every rank holds
+    the whole model and optimizer) or fsdp2 (parameters, gradients and optimizer state sharded over
+    ranks, `fully_shard` per decoder layer). Ignored in one process. The world size is the launcher's;
+    batch sizes stay global counts (see microbatch_size for the one per-rank size)."""
     lr: float = 1e-4
     """AdamW learning rate."""
     weight_decay: float = 0.0
@@ -350,9 +353,16 @@ class Config:
         return self.sequences_per_step // self.train.minibatch_size
 
     @property
+    def world_size(self) -> int:
+        """Data-parallel ranks, as the launcher set them (torchrun's WORLD_SIZE; 1 without one)."""
+        from grpolab.dist.launch import launch_world_size
+
+        return launch_world_size()
+
+    @property
     def microbatches_per_minibatch(self) -> int:
         """Per rank."""
-        return self.train.minibatch_size // (self.train.microbatch_size * self.train.world_size)
+        return self.train.minibatch_size // (self.train.microbatch_size * self.world_size)
 
     @property
     def optimizer_steps_per_step(self) -> int:

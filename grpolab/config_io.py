@@ -239,6 +239,7 @@ FIXED_CHOICES: dict[str, tuple] = {
     "model.dtype": ("float32", "bfloat16", "auto"),
     "model.compile_scope": ("blocks", "model"),
     "train.on_reward_error": ("raise", "zero", "skip_group"),
+    "train.parallel": ("ddp", "fsdp2"),
     "data.chat_template": ("auto", True, False),
 }
 
@@ -300,11 +301,30 @@ def _choice(value, allowed, field_name):
 
 def _check_shared_prompt(cfg) -> None:
     """model.shared_prompt forwards whole groups: every batch of rows must be whole groups."""
-    g, t = cfg.rollout.group_size, cfg.train
+    g, t, world = cfg.rollout.group_size, cfg.train, cfg.world_size
     for name, v in (("train.minibatch_size", t.minibatch_size), ("train.microbatch_size", t.microbatch_size)):
         if v % g:
             raise _err(f"{name}={v} is not a multiple of rollout.group_size={g}, which model.shared_prompt=true "
                        f"needs (it forwards whole groups); set {name} to a multiple of {g}")
+    if world > 1 and (t.minibatch_size // world) % g:
+        raise _err(f"train.minibatch_size={t.minibatch_size} gives {t.minibatch_size // world} sequences per rank "
+                   f"on {world} ranks, not whole groups of rollout.group_size={g} (model.shared_prompt=true); set "
+                   f"train.minibatch_size to a multiple of {g * world}")
+
+
+def _check_world(cfg, world: int) -> None:
+    """Several ranks (torchrun's WORLD_SIZE): global batch sizes split evenly, features that run there."""
+    r, t = cfg.rollout, cfg.train
+    for name, v, unit in (("rollout.prompts_per_step", r.prompts_per_step, "prompts"),
+                          ("train.minibatch_size", t.minibatch_size, "sequences")):
+        if v % world:
+            raise _err(f"{name}={v} does not split over the {world} ranks the launcher started (each rank takes "
+                       f"{name.split('.')[1]} / world {unit}); set {name} to a multiple of {world}")
+    if cfg.model.compile:
+        raise _err(f"model.compile=true runs in one process only (not with the {world} ranks the launcher "
+                   "started); set model.compile=false")
+    if cfg.loss.policy_loss == SFT_POLICY_LOSS:
+        raise _err("loss.policy_loss='sft' (grpolab sft) runs in one process; start it without torchrun / --nproc")
 
 
 def _check_choices(cfg) -> None:
@@ -327,7 +347,7 @@ def _check_ranges(cfg) -> None:
         "rollout.prompts_per_step": r.prompts_per_step, "rollout.group_size": r.group_size,
         "rollout.max_new_tokens": r.max_new_tokens, "train.epochs": t.epochs,
         "train.minibatch_size": t.minibatch_size, "train.microbatch_size": t.microbatch_size,
-        "train.world_size": t.world_size, "sft.batch_size": cfg.sft.batch_size,
+        "sft.batch_size": cfg.sft.batch_size,
         "sft.microbatch_size": cfg.sft.microbatch_size, "train.max_skipped_steps": t.max_skipped_steps,
         "sft.probe_every": cfg.sft.probe_every, "sft.probe_prompts": cfg.sft.probe_prompts,
         "run.keep_checkpoints": cfg.run.keep_checkpoints,
@@ -335,9 +355,6 @@ def _check_ranges(cfg) -> None:
     for name, v in positive.items():
         if v < 1:
             raise _err(f"{name}={v} must be at least 1")
-    if t.world_size > 1:
-        raise _err(f"train.world_size={t.world_size}: data parallelism is not available yet in this version "
-                   "(nothing splits a step across ranks); set train.world_size=1")
     nonneg = {"train.steps": t.steps, "loss.kl_coef": lo.kl_coef, "loss.clip_eps_low": lo.clip_eps_low,
               "loss.clip_eps_high": lo.clip_eps_high, "train.warmup_steps": t.warmup_steps,
               "train.max_grad_norm": t.max_grad_norm, "loss.entropy_coef": lo.entropy_coef,
@@ -372,13 +389,18 @@ def _check_sizes(cfg) -> None:
         raise _err(f"train.minibatch_size={t.minibatch_size} does not divide the {n} sequences of a step "
                    f"(rollout.prompts_per_step={r.prompts_per_step} × rollout.group_size={r.group_size}); "
                    f"set train.minibatch_size to one of {divs}")
-    per = t.microbatch_size * t.world_size
-    if t.minibatch_size % per:
-        raise _err(f"train.minibatch_size={t.minibatch_size} is not a multiple of train.microbatch_size × "
-                   f"train.world_size = {t.microbatch_size} × {t.world_size} = {per}; change train.microbatch_size "
-                   f"to a divisor of {t.minibatch_size // t.world_size}")
+    world = cfg.world_size
+    if world > 1:
+        _check_world(cfg, world)
     if cfg.model.shared_prompt:
         _check_shared_prompt(cfg)
+    if (t.minibatch_size // world) % t.microbatch_size:
+        per_rank = t.minibatch_size // world
+        divs = [d for d in range(1, per_rank + 1) if per_rank % d == 0]
+        where = f" on each of {world} ranks" if world > 1 else ""
+        raise _err(f"train.microbatch_size={t.microbatch_size} does not divide the {per_rank} sequences of a "
+                   f"minibatch{where} (train.minibatch_size={t.minibatch_size}); set train.microbatch_size to one "
+                   f"of {divs}")
     if cfg.sft.batch_size % cfg.sft.microbatch_size:
         raise _err(f"sft.batch_size={cfg.sft.batch_size} is not a multiple of sft.microbatch_size={cfg.sft.microbatch_size}")
 

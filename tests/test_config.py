@@ -60,7 +60,7 @@ def test_overrides_parse_types():
         ("train.steps=1.5", "train.steps: expected an integer"),
         ("loss.mask_truncated=3", "loss.mask_truncated: expected true or false"),
         ("train.minibatch_size=48", "set train.minibatch_size to one of"),
-        ("train.microbatch_size=48", "change train.microbatch_size"),
+        ("train.microbatch_size=48", "set train.microbatch_size to one of"),
         ("loss.std=pop", "loss.std='pop' is not one of"),
         ("rollout.group_size=1", "group_size must be at least 2"),
         ("rollout.temperature=0", "rollout.temperature=0.0 must be > 0"),
@@ -131,10 +131,27 @@ def test_compile_cpp_wrapper_needs_model_compile():
     assert C.from_preset("grpo", ["model.compile=true", "model.compile_cpp_wrapper=true"]).model.compile_cpp_wrapper
 
 
-def test_world_size_above_one_is_refused_until_data_parallelism_exists():
-    with pytest.raises(C.ConfigError, match=r"train.world_size=2: data parallelism is not available yet.*set train.world_size=1"):
-        C.from_preset("grpo", ["train.world_size=2"])
-    assert C.from_preset("grpo", ["train.world_size=1"]).train.world_size == 1
+def test_the_world_size_comes_from_the_launcher_and_global_sizes_must_split(monkeypatch):
+    base = ["rollout.prompts_per_step=6", "rollout.group_size=4", "train.minibatch_size=12", "train.microbatch_size=3"]
+    assert C.from_preset("grpo", base).world_size == 1
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = C.from_preset("grpo", base)
+    assert cfg.world_size == 2 and cfg.microbatches_per_minibatch == 2  # 12 / 2 ranks = 6 rows = 2 × 3
+    with pytest.raises(C.ConfigError, match=r"rollout.prompts_per_step=5 does not split over the 2 ranks.*multiple of 2"):
+        C.from_preset("grpo", base + ["rollout.prompts_per_step=5", "train.minibatch_size=20"])
+    with pytest.raises(C.ConfigError, match=r"train.minibatch_size=3 does not split over the 2 ranks"):
+        C.from_preset("grpo", base + ["train.minibatch_size=3", "train.microbatch_size=1"])
+    with pytest.raises(C.ConfigError, match=r"train.microbatch_size=4 does not divide the 6 sequences of a minibatch "
+                                            r"on each of 2 ranks.*one of \[1, 2, 3, 6\]"):
+        C.from_preset("grpo", base + ["train.microbatch_size=4"])
+    with pytest.raises(C.ConfigError, match=r"model.compile=true runs in one process only"):
+        C.from_preset("grpo", base + ["model.compile=true"])
+    with pytest.raises(C.ConfigError, match=r"train.parallel='zero3'"):
+        C.from_preset("grpo", base + ["train.parallel=zero3"])
+    with pytest.raises(C.ConfigError, match=r"gives 2 sequences per rank on 2 ranks, not whole groups of "
+                                            r"rollout.group_size=4.*multiple of 8"):
+        C.from_preset("grpo", ["rollout.prompts_per_step=2", "rollout.group_size=4", "train.minibatch_size=4",
+                               "train.microbatch_size=4", "model.shared_prompt=true"])
 
 
 def test_config_io_does_not_import_config():

@@ -1,20 +1,22 @@
-"""Data parallelism on torch.distributed: what Phase B needs to be exact across ranks.
+"""Data parallelism on torch.distributed: the loop's only view of the process group.
 
-`Parallel` is the loop's only view of the process group. Each rank learns on its own rows; the
-minibatch's loss normalizer is summed over ranks before its microbatches run (the exactness rule
-of the design), and each rank's loss is scaled by the world size, because DDP and FSDP2 average
-gradients over ranks: the reduced gradient is then the gradient of the whole minibatch's loss, as
-one process would compute it. Gradients accumulate over a rank's microbatches without a sync; the
-last microbatch's backward reduces them.
+Phase A: every rank draws the same P prompts from its (identical) prompt stream and keeps its own
+P / world of them (`shard`), so groups stay whole on one rank and advantages group-local. Phase B:
+each rank learns on its own rows; the minibatch's loss normalizer is summed over ranks before its
+microbatches run (the exactness rule of the design), and each rank's loss is scaled by the world
+size, because DDP and FSDP2 average gradients over ranks: the reduced gradient is then the
+gradient of the whole minibatch's loss, as one process would compute it. Gradients accumulate
+over a rank's microbatches without a sync; the last microbatch's backward reduces them.
 
 strategies: "none" (one process), "ddp" (`DistributedDataParallel`), "fsdp2" (`fully_shard` per
-decoder layer and on the root).
+decoder layer and on the root, with a bf16 mixed-precision policy when the compute dtype is bf16).
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 
@@ -24,11 +26,23 @@ class Parallel:
     rank: int = 0
     world_size: int = 1
     strategy: str = "none"
+    compute_dtype: torch.dtype | None = None
+    """FSDP2's mixed-precision parameter dtype (None = the parameters' own)."""
 
     @property
     def active(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that writes the run's files (metrics, samples, config, final/)."""
+        return self.rank == 0
+
+    @property
+    def shards_parameters(self) -> bool:
+        return self.active and self.strategy == "fsdp2"
+
+    # ------------------------------------------------------------------ collectives
     def all_reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
         """The sum of `value` over ranks (a new tensor; `value` itself with one process)."""
         if not self.active:
@@ -41,6 +55,49 @@ class Parallel:
         """The sum of a Python float over ranks (float64 on the wire)."""
         return float(self.all_reduce_sum(torch.tensor(value, dtype=torch.float64))) if self.active else value
 
+    def reduce_floats(self, sums: Sequence[float], mins: Sequence[float], maxs: Sequence[float]):
+        """(sums, mins, maxs) over ranks, element-wise, in three float64 all-reduces."""
+        if not self.active:
+            return list(sums), list(mins), list(maxs)
+        out = []
+        for values, op in ((sums, "SUM"), (mins, "MIN"), (maxs, "MAX")):
+            t = torch.tensor(list(values), dtype=torch.float64)
+            if t.numel():
+                torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, op))
+            out.append(t.tolist())
+        return tuple(out)
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when `flag` is True on any."""
+        return bool(self.reduce_floats([], [], [float(flag)])[2][0]) if self.active else bool(flag)
+
+    def gather(self, obj: Any) -> list:
+        """[rank 0's obj, rank 1's, ...] on every rank (pickled; for small per-step records)."""
+        if not self.active:
+            return [obj]
+        out: list = [None] * self.world_size
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        if not self.active:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.active:
+            torch.distributed.barrier()
+
+    # ------------------------------------------------------------------ Phase A
+    def shard(self, items: Sequence) -> list:
+        """This rank's contiguous share of a step's prompts (len(items) / world of them)."""
+        per = len(items) // self.world_size
+        return list(items[self.rank * per:(self.rank + 1) * per])
+
+    # ------------------------------------------------------------------ Phase B
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """What Phase B calls: `model` (one process), DDP(model), or `model` sharded in place by FSDP2
         (each decoder layer, then the root). Build the optimizer on the wrapped model's parameters."""
@@ -50,13 +107,20 @@ class Parallel:
             from torch.nn.parallel import DistributedDataParallel
 
             return DistributedDataParallel(model)
-        from torch.distributed.fsdp import fully_shard
+        return self.shard_module(model)
+
+    def shard_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """FSDP2 in place: `fully_shard` on each decoder layer, then on the root (also for the frozen
+        reference model, which is then sharded like the policy); returns `model`."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         from grpolab.forward.compiled import transformer_blocks
 
+        mp = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32) \
+            if self.compute_dtype is not None else MixedPrecisionPolicy()
         for block in transformer_blocks(model):
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
         return model
 
     def microbatch(self, module, last: bool):
@@ -72,3 +136,12 @@ class Parallel:
         """loss.backward(), scaled by the world size so that the ranks' averaged gradient is the sum
         of their gradients (each rank's loss already divides by the global normalizer)."""
         (loss * self.world_size if self.active else loss).backward()
+
+    def full_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The policy's full state dict on every rank (an all-gather with FSDP2; the module's own
+        tensors otherwise): what the rollout engine loads and what final/ is written from."""
+        if not self.shards_parameters:
+            return model.state_dict()
+        from grpolab.dist.checkpoint import full_state_dict
+
+        return full_state_dict(model)

@@ -6,11 +6,16 @@ A checkpoint `RUN/checkpoints/step-N/` holds the state after N completed GRPO st
     reference.safetensors  the frozen reference model, when it is a separate copy (KL on, no LoRA)
     optimizer.pt           AdamW state            } torch.save, read back with
     scheduler.pt           LR scheduler position  } torch.load(weights_only=True):
-    rng.pt                 python, numpy, torch (CPU, CUDA), sampling and shuffling generators
+    rng.pt                 python, numpy, torch (CPU, CUDA) global generators
     data.json              the prompt stream's cursor (PromptStream.state_dict())
     state.json             step, consecutive skipped optimizer steps
     config.yaml            the fully resolved config
     COMPLETE               written last: a JSON manifest of the files and their sizes
+
+A run on several ranks (torchrun) writes `dcp/` instead of the first three: policy, AdamW state and
+reference saved by every rank with torch.distributed.checkpoint (grpolab.dist.checkpoint; sharded
+with FSDP2). DCP reshards on load, so such a checkpoint resumes at any world size, one process
+included. Rank 0 writes the other files, the manifest and the rename.
 
 Writing: everything goes to `checkpoints/.tmp-step-N-<pid>/`, each file and the folder are
 fsynced, COMPLETE is written last, and the folder is renamed to `step-N` (atomic on POSIX). A
@@ -21,7 +26,8 @@ from safetensors, the .pt files are read with `weights_only=True`.
 
 Exactness: resuming from step-N and running to step M gives the same metrics (wall-clock timings
 aside) as an uninterrupted run to M, because every input of a step is restored: weights, AdamW
-moments, the LR schedule, all RNGs, the data cursor, the skip counter. metrics.jsonl and
+moments, the LR schedule, the global RNGs, the data cursor, the skip counter; the sampling and
+shuffling streams are seeded per step from (train.seed, rank, step). metrics.jsonl and
 samples.jsonl are cut back to the lines of steps < N (`truncate_jsonl`), so lines written after
 the checkpoint and before a crash are not duplicated. TensorBoard events of those steps are
 written again (TensorBoard shows the later ones).
@@ -148,29 +154,26 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj))
 
 
-def rng_state(sample_gen: torch.Generator, shuffle_gen: torch.Generator) -> dict:
-    """Every RNG a step draws from, as tensors and plain lists (loadable with weights_only=True)."""
+def rng_state() -> dict:
+    """The global RNGs (python, numpy, torch), as tensors and plain lists (loadable with
+    weights_only=True). The loop's own streams are seeded per step (Setup.seed_step)."""
     name, key, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "python": random.getstate(),
         "numpy": [name, key.tolist(), pos, has_gauss, gauss],
         "torch": torch.get_rng_state(),
-        "sample_gen": sample_gen.get_state(),
-        "shuffle_gen": shuffle_gen.get_state(),
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def set_rng_state(state: dict, sample_gen: torch.Generator, shuffle_gen: torch.Generator) -> None:
+def set_rng_state(state: dict) -> None:
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     name, key, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((name, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
-    sample_gen.set_state(state["sample_gen"])
-    shuffle_gen.set_state(state["shuffle_gen"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -181,16 +184,24 @@ def reference_model(setup) -> torch.nn.Module | None:
 
 
 def write_state(setup, d: Path, step: int, reference_from: Path | None = None) -> None:
-    """Writes every file of a checkpoint of `setup` into folder d (not fsynced, no marker)."""
+    """Writes every file of a checkpoint of `setup` into folder d (not fsynced, no marker); on
+    several ranks every rank writes its part of dcp/ and rank 0 the rest."""
     from grpolab import config as C
 
-    save_model(setup.policy, str(d / "model.safetensors"))
     ref = reference_model(setup)
-    if ref is not None:
-        _write_reference(ref, d / "reference.safetensors", reference_from)
-    torch.save(setup.optimizer.state_dict(), d / "optimizer.pt")
+    if setup.parallel.active:
+        from grpolab.dist.checkpoint import save_sharded
+
+        save_sharded(d / "dcp", setup.policy, setup.optimizer, ref)
+        if not setup.parallel.is_main:
+            return
+    else:
+        save_model(setup.policy, str(d / "model.safetensors"))
+        if ref is not None:
+            _write_reference(ref, d / "reference.safetensors", reference_from)
+        torch.save(setup.optimizer.state_dict(), d / "optimizer.pt")
     torch.save(setup.scheduler.state_dict(), d / "scheduler.pt")
-    torch.save(rng_state(setup.sample_gen, setup.shuffle_gen), d / "rng.pt")
+    torch.save(rng_state(), d / "rng.pt")
     _write_json(d / "data.json", setup.prompts.state_dict())
     _write_json(d / "state.json", {"step": step, "consecutive_skips": setup.consecutive_skips})
     (d / "config.yaml").write_text(C.dump(setup.cfg))
@@ -219,35 +230,50 @@ def save_checkpoint(setup, root: str | os.PathLike, step: int, keep: int,
         a checkpoint covers are on disk before it is.
     An existing step-<step> is replaced only once the new one is complete.
     """
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    for f in flush:
-        if Path(f).is_file():
-            _fsync(Path(f))
-    final, tmp = root / f"step-{step}", root / f".tmp-step-{step}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    root, par = Path(root), setup.parallel
+    main = par.is_main
+    final, tmp = root / f"step-{step}", root / par.broadcast(f".tmp-step-{step}-{os.getpid()}")  # rank 0's name
+    if main:
+        root.mkdir(parents=True, exist_ok=True)
+        for f in flush:
+            if Path(f).is_file():
+                _fsync(Path(f))
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    par.barrier()
     try:
         write_state(setup, tmp, step, reference_from)
-        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
-        for p in tmp.iterdir():
-            _fsync(p)
-        _write_json(tmp / MARKER, {"step": step, "files": files})
-        _fsync(tmp / MARKER)
-        _fsync(tmp)
-        if final.exists():  # a checkpoint of the same step from an earlier attempt: swap it out
-            old = root / f".tmp-old-step-{step}-{os.getpid()}"
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        _fsync(root)
+        par.barrier()  # every rank's shard is written
+        if main:
+            _seal(tmp, final, root, step)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
-    prune(root, keep)
+    par.barrier()  # nobody goes on before the checkpoint exists
+    if main:
+        prune(root, keep)
     return final
+
+
+def _seal(tmp: Path, final: Path, root: Path, step: int) -> None:
+    """fsyncs every file of tmp, writes the COMPLETE manifest, renames tmp to final (atomically)."""
+    files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+    for name in files:
+        _fsync(tmp / name)
+    for sub in (p for p in tmp.rglob("*") if p.is_dir()):
+        _fsync(sub)
+    _write_json(tmp / MARKER, {"step": step, "files": files})
+    _fsync(tmp / MARKER)
+    _fsync(tmp)
+    if final.exists():  # a checkpoint of the same step from an earlier attempt: swap it out
+        old = root / f".tmp-old-{final.name}-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync(root)
 
 
 def prune(root: Path, keep: int) -> list[Path]:
@@ -296,19 +322,15 @@ def load_checkpoint(setup, path: str | os.PathLike) -> int:
     """Restores `setup` from a complete checkpoint folder; sets and returns setup.start_step."""
     path = Path(path)
     check_complete(path)
-    _load_weights(setup.policy, path / "model.safetensors")
-    ref = reference_model(setup)
-    if ref is not None:
-        if not (path / "reference.safetensors").is_file():
-            raise CheckpointError(f"checkpoint {path} has no reference.safetensors but this config uses a "
-                                  "reference model (loss.kl_coef > 0); was the KL turned on after it was saved?")
-        _load_weights(ref, path / "reference.safetensors")
-    for name, obj in (("optimizer.pt", setup.optimizer), ("scheduler.pt", setup.scheduler)):
-        try:
-            obj.load_state_dict(_load_pt(path / name))
-        except (ValueError, KeyError, RuntimeError) as e:
-            raise CheckpointError(f"checkpoint file {path / name} does not fit this run: {e}") from None
-    set_rng_state(_load_pt(path / "rng.pt"), setup.sample_gen, setup.shuffle_gen)
+    if (path / "dcp").is_dir():  # written by several ranks: DCP reshards to this world size
+        _load_sharded(setup, path)
+    else:
+        _load_single(setup, path)
+    try:
+        setup.scheduler.load_state_dict(_load_pt(path / "scheduler.pt"))
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint file {path / 'scheduler.pt'} does not fit this run: {e}") from None
+    set_rng_state(_load_pt(path / "rng.pt"))
     try:
         setup.prompts.load_state_dict(json.loads((path / "data.json").read_text()))
         state = json.loads((path / "state.json").read_text())
@@ -316,7 +338,36 @@ def load_checkpoint(setup, path: str | os.PathLike) -> int:
         raise CheckpointError(f"checkpoint {path}: data.json or state.json cannot be used ({e})") from None
     setup.start_step = int(state["step"])
     setup.consecutive_skips = int(state.get("consecutive_skips", 0))
+    setup.engine.load_weights(setup.start_step, setup.parallel.full_state(setup.policy))  # an engine's own copy
     return setup.start_step
+
+
+def _load_single(setup, path: Path) -> None:
+    """Weights, reference and AdamW state of a one-process checkpoint (safetensors + optimizer.pt);
+    DDP ranks each load the whole of it."""
+    if setup.parallel.shards_parameters:
+        raise CheckpointError(f"checkpoint {path} was written by one process; resume it with train.parallel=ddp "
+                              "(or in one process): its optimizer state is not in a shardable format")
+    _load_weights(setup.policy, path / "model.safetensors")
+    ref = reference_model(setup)
+    if ref is not None:
+        if not (path / "reference.safetensors").is_file():
+            raise CheckpointError(f"checkpoint {path} has no reference.safetensors but this config uses a "
+                                  "reference model (loss.kl_coef > 0); was the KL turned on after it was saved?")
+        _load_weights(ref, path / "reference.safetensors")
+    try:
+        setup.optimizer.load_state_dict(_load_pt(path / "optimizer.pt"))
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint file {path / 'optimizer.pt'} does not fit this run: {e}") from None
+
+
+def _load_sharded(setup, path: Path) -> None:
+    from grpolab.dist.checkpoint import CheckpointLoadError, load_sharded
+
+    try:
+        load_sharded(path / "dcp", setup.policy, setup.optimizer, reference_model(setup))
+    except CheckpointLoadError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def config_changes(path: Path, cfg) -> list[str]:
@@ -402,7 +453,7 @@ class CheckpointHook:
 
     def _mark_boundary(self) -> None:
         s = self.setup
-        self._boundary = (rng_state(s.sample_gen, s.shuffle_gen), copy.deepcopy(s.prompts.state_dict()),
+        self._boundary = (rng_state(), copy.deepcopy(s.prompts.state_dict()),
                           s.consecutive_skips, copy.deepcopy(s.scheduler.state_dict()), _updates(s.optimizer))
 
     def _back_to_boundary(self) -> bool:
@@ -413,7 +464,7 @@ class CheckpointHook:
         rng, data, skips, sched, updates = self._boundary
         if _updates(s.optimizer) != updates:
             return False
-        set_rng_state(rng, s.sample_gen, s.shuffle_gen)
+        set_rng_state(rng)
         s.prompts.load_state_dict(data)
         s.scheduler.load_state_dict(sched)
         s.consecutive_skips = skips

@@ -17,25 +17,29 @@ import torch
 
 from grpolab.rollout.types import Rollout, scatter_rows
 from grpolab.train.setup import Setup
-from grpolab.train.stats import StepStats, score_rollout
+from grpolab.train.stats import StepRecord, StepStats, score_rollout
 
 
 def train(s: Setup) -> list[dict]:
-    """Runs s.cfg.train.steps GRPO steps from s.start_step; returns the metric rows."""
+    """Runs s.cfg.train.steps GRPO steps from s.start_step; returns the metric rows.
+
+    On several ranks each runs this same loop on its own P / world prompts (whole groups) and its
+    share of every minibatch; `s.parallel` reduces what must be global (see grpolab.dist.parallel)."""
     cfg, G, P = s.cfg, s.cfg.rollout.group_size, s.cfg.rollout.prompts_per_step
     rows = []
     for step in range(s.start_step, cfg.train.steps):
         st = StepStats(step)
+        s.seed_step(step)  # sampling and shuffling streams of (seed, rank, step)
         # ---------------- Phase A: rollout. π_old is the current policy; nothing here has a grad.
         with torch.no_grad(), st.timer("rollout"):
             s.progress.phase("rollout")
-            items = s.prompts.next_batch(P)
+            items = s.parallel.shard(s.prompts.next_batch(P))  # this rank's groups
             ro = s.engine.generate([it.prompt for it in items], G, generator=s.sample_gen)
             texts = s.engine.decode(ro)
         with torch.no_grad(), st.timer("score"):
             s.progress.phase("score")
             scores, rewards = score_rollout(s.rewards, items, texts, ro, s.on_reward_error, st)
-            adv = s.advantage_fn(rewards.view(P, G)).flatten()
+            adv = s.advantage_fn(rewards.view(-1, G)).flatten()
             ro = ro.replace(rewards=rewards, advantages=adv, loss_mask=s.train_mask(ro, rewards))
         with torch.no_grad(), st.timer("logprob"):
             if cfg.needs_old_logp_pass:  # else Phase B's first minibatch (all rows, under π_old) records it
@@ -46,9 +50,10 @@ def train(s: Setup) -> list[dict]:
         # ---------------- Phase B: learning on the frozen rollout.
         with st.timer("learn"):
             learn(s, ro, st)
-        s.engine.load_weights(step + 1, s.policy.state_dict())  # weight sync: the next rollout samples π_new
-        row = st.finish(ro, items, texts, scores, s)
-        s.after_step(step, row, ro, items, texts, scores)
+        s.engine.load_weights(step + 1, s.parallel.full_state(s.policy))  # the next rollout samples π_new
+        record = StepRecord.merge(s.parallel.gather(StepRecord.of(ro, items, texts, scores)))  # every rank's groups
+        row = st.reduce(s.parallel).finish(record, s)
+        s.after_step(step, row, record)
         rows.append(row)
         if s.should_stop():
             break

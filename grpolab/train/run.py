@@ -8,6 +8,7 @@ graceful stop on SIGTERM/SIGINT (grpolab.train.signals).
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -31,27 +32,28 @@ def write_config(cfg: C.Config, run_dir: Path) -> None:
 
 
 class SamplesWriter:
-    """Writes each step's prompt groups (completions, per-reward scores, reward, advantage)."""
+    """Writes each step's prompt groups (completions, per-reward scores, reward, advantage): a Setup
+    hook taking the step's `StepRecord` (every rank's groups, in rank order)."""
 
     def __init__(self, run_dir: Path, every: int):
         self.path = run_dir / "samples.jsonl"
         self.every = max(1, every)
 
-    def __call__(self, step, row, ro, items, texts, scores) -> None:
+    def __call__(self, step, row, record) -> None:
         if step % self.every:
             return
-        G = ro.group_size
-        lengths = ro.attention_mask[:, ro.prompt_len :].sum(-1).tolist()  # generated, not trained, tokens
-        trunc = ro.truncated.tolist()
-        rewards = ro.rewards.tolist()
-        adv = ro.advantages.tolist()
-        per_fn = {k: v.tolist() for k, v in scores.items()}
+        G = record.group_size
+        lengths = record.lengths.tolist()  # generated, not trained, tokens
+        trunc = record.truncated.tolist()
+        rewards = record.rewards.tolist()
+        adv = record.advantages.tolist()
+        per_fn = {k: v.tolist() for k, v in record.scores.items()}
         with self.path.open("a", encoding="utf-8") as f:
-            for g, item in enumerate(items):
+            for g, item in enumerate(record.items):
                 comps = []
                 for i in range(g * G, (g + 1) * G):
                     comps.append({
-                        "text": texts[i],
+                        "text": record.texts[i],
                         "rewards": {k: (None if v[i] != v[i] else v[i]) for k, v in per_fn.items()},
                         "reward": None if rewards[i] != rewards[i] else rewards[i],
                         "advantage": adv[i], "length": lengths[i], "truncated": trunc[i],
@@ -71,8 +73,11 @@ def _jsonable(meta: dict) -> dict:
     return out
 
 
-def attach_outputs(setup, run_dir: Path) -> MetricsLogger:
-    """Adds the metrics and samples writers to setup.hooks; returns the logger (close it at the end)."""
+def attach_outputs(setup, run_dir: Path) -> MetricsLogger | None:
+    """Adds the metrics and samples writers to setup.hooks; returns the logger (close it at the end).
+    Only rank 0 writes them (None elsewhere)."""
+    if not setup.parallel.is_main:
+        return None
     logger = MetricsLogger(run_dir, tensorboard=setup.cfg.run.tensorboard)
     setup.hooks.append(lambda step, row, *rest: logger.log(row))
     setup.hooks.append(SamplesWriter(run_dir, setup.cfg.run.samples_every))
@@ -98,13 +103,17 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
     from grpolab.train.setup import TrainingStopped
     from grpolab.train.signals import StopSignal
 
-    ck.remove_stale_tmp(run_dir / ck.CHECKPOINTS)
+    par = setup.parallel
+    if par.is_main:
+        ck.remove_stale_tmp(run_dir / ck.CHECKPOINTS)
     if resume_from is not None:
-        for change in ck.config_changes(resume_from, setup.cfg):
+        for change in ck.config_changes(resume_from, setup.cfg) if par.is_main else ():
             print(f"grpolab: warning: resuming with a changed config: {change}", file=sys.stderr)
         ck.load_checkpoint(setup, resume_from)
-    for name in ("metrics.jsonl", "samples.jsonl"):
-        ck.truncate_jsonl(run_dir / name, setup.start_step)
+    if par.is_main:
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            ck.truncate_jsonl(run_dir / name, setup.start_step)
+    par.barrier()
     logger = attach_outputs(setup, run_dir)
     hook = ck.CheckpointHook(setup, run_dir, loaded_from=resume_from)
     setup.hooks.append(hook)  # last: the step's metrics are written before its checkpoint
@@ -113,24 +122,43 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
             setup.stop = stop
             grpo.train(setup)
     except TrainingStopped as e:
-        print(f"grpolab: {e}\ngrpolab: the last good state is saved in {hook.save_last_good()}", file=sys.stderr)
+        saved = hook.save_last_good()
+        if par.is_main:
+            print(f"grpolab: {e}\ngrpolab: the last good state is saved in {saved}", file=sys.stderr)
         return 3
-    except Exception:
-        _save_after_crash(hook)
+    except Exception as e:
+        if not par.active:
+            _save_after_crash(hook)
+        else:  # saving would wait for the other ranks forever: the last complete checkpoint stands
+            print(f"grpolab: rank {par.rank} stops on {type(e).__name__}: {' '.join(str(e).split())[:300]}; "
+                  f"continue from the last complete checkpoint ({hook.last or 'none yet'}) with --resume",
+                  file=sys.stderr)
         raise
     finally:
-        logger.close()
+        if logger is not None:
+            logger.close()
         if setup.progress is not None:
             setup.progress.close()
-    if stop.requested:
+    signum = int(par.reduce_floats([], [], [float(stop.signum if stop.requested else 0)])[2][0])  # any rank's
+    if signum:
         if hook.saved_step != hook.done:  # the signal came after the step's hook had looked
             hook.save()
-        print(f"grpolab: stopped by {stop.signame} after {hook.done} of {setup.cfg.train.steps} steps; "
-              f"checkpoint {hook.last}. Continue with the same command plus --resume.", file=sys.stderr)
-        return 128 + stop.signum
-    setup.policy.save_pretrained(run_dir / "final")
-    setup.tokenizer.save_pretrained(run_dir / "final")
+        if par.is_main:
+            print(f"grpolab: stopped by {signal.Signals(signum).name} after {hook.done} of {setup.cfg.train.steps} "
+                  f"steps; checkpoint {hook.last}. Continue with the same command plus --resume.", file=sys.stderr)
+        return 128 + signum
+    save_final(setup, run_dir / "final")
     return 0
+
+
+def save_final(setup, folder: Path) -> None:
+    """The trained policy as a transformers folder (weights gathered from every rank with FSDP2),
+    with its tokenizer; written by rank 0."""
+    state = setup.parallel.full_state(setup.policy) if setup.parallel.shards_parameters else None
+    if setup.parallel.is_main:
+        setup.policy.save_pretrained(folder, state_dict=state)
+        setup.tokenizer.save_pretrained(folder)
+    setup.parallel.barrier()
 
 
 def _save_after_crash(hook) -> None:

@@ -17,6 +17,7 @@ import torch
 from grpolab.algo.optim import adamw, lr_lambda
 from grpolab.algo.advantages import make_advantage_fn, zero_std_groups
 from grpolab.config import Config, ConfigError
+from grpolab.dist.launch import step_seed
 from grpolab.dist.parallel import Parallel
 from grpolab.report.progress import Progress
 from grpolab.rewards.base import build_reward, probe_rewards
@@ -64,11 +65,13 @@ def load_policy(cfg: Config):
     return model.to(m.device), tok
 
 
-def reference_factory(cfg: Config, policy, forward: LogProbForward) -> Callable | None:
+def reference_factory(cfg: Config, policy, forward: LogProbForward,
+                      parallel: Parallel | None = None) -> Callable | None:
     """A context-manager factory yielding the frozen reference model, or None without a KL.
 
-    Full fine-tune: a frozen copy of the initial policy, prepared for `forward` (with model.compile
-    its torch.compile wrapper; `factory.model` is the plain copy, for checkpoints).
+    Full fine-tune: a frozen copy of the initial policy (taken before the policy is sharded), prepared
+    for `forward` (with model.compile its torch.compile wrapper; `factory.model` is the plain copy,
+    for checkpoints); with FSDP2 on several ranks it is sharded like the policy.
     LoRA: the policy with adapters disabled (no second copy is loaded; never compiled).
     """
     if not cfg.needs_reference:
@@ -78,6 +81,8 @@ def reference_factory(cfg: Config, policy, forward: LogProbForward) -> Callable 
 
         return lambda: reference_context(policy)
     ref = frozen_copy(policy)
+    if parallel is not None and parallel.shards_parameters:
+        parallel.shard_module(ref)
     ref_module = forward.prepare(ref)
 
     @contextlib.contextmanager
@@ -151,7 +156,7 @@ class Setup:
     n_params: int = 0
     stop: Any = None  # e.g. a signals.StopSignal: its .requested ends the loop after the step
     parallel: Parallel = field(default_factory=Parallel)
-    """The data-parallel group Phase B learns in (one process by default)."""
+    """The data-parallel group this rank belongs to (one process by default)."""
     train_model: Any = None
     """What the log-prob forwards call (Phase B, and Phase A's π_old pass): the policy, or its compiled
     wrapper (model.compile); same parameters."""
@@ -159,6 +164,12 @@ class Setup:
     def __post_init__(self) -> None:
         if self.train_model is None:
             self.train_model = self.policy
+
+    def seed_step(self, step: int) -> None:
+        """Seeds this step's sampling and shuffling streams from (train.seed, rank, step)."""
+        seed, rank = self.cfg.train.seed, self.parallel.rank
+        self.sample_gen.manual_seed(step_seed(seed, rank, step, "sample"))
+        self.shuffle_gen.manual_seed(step_seed(seed, rank, step, "shuffle"))
 
     def train_mask(self, ro, rewards: torch.Tensor) -> torch.Tensor:
         """The loss mask of Phase B: completion tokens, minus truncated completions and zero-std
@@ -194,14 +205,17 @@ class Setup:
             st.losses.append(loss_sum)
         self.scheduler.step()
 
-    def after_step(self, step, row, ro, items, texts, scores) -> None:
+    def after_step(self, step: int, row: dict, record) -> None:
+        """Calls every hook as hook(step, row, record): the metrics row and the step's StepRecord
+        (every rank's groups)."""
         if self.progress is not None:
             self.progress.step_done(step + 1, {k: row[k] for k in ("reward/mean", "kl") if k in row})
         for hook in self.hooks:
-            hook(step, row, ro, items, texts, scores)
+            hook(step, row, record)
 
     def should_stop(self) -> bool:
-        return bool(self.stop is not None and self.stop.requested)
+        """A stop was requested (SIGTERM/SIGINT) on this rank or any other: all ranks stop together."""
+        return self.parallel.any(self.stop is not None and self.stop.requested)
 
     def mfu(self, row: dict) -> float:
         """Model FLOP utilisation of the step: 2·N FLOPs per generated or scored token forward,
@@ -215,8 +229,13 @@ class Setup:
         return flops / max(row["time/step_s"], 1e-9) / self.peak_flops
 
 
-def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress=None) -> Setup:
-    """Builds a Setup; pass a policy/tokenizer (e.g. the SFT'd π0) or let cfg.model load one."""
+def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress=None,
+                parallel: Parallel | None = None) -> Setup:
+    """Builds a Setup; pass a policy/tokenizer (e.g. the SFT'd π0) or let cfg.model load one.
+
+    parallel: this rank's data-parallel group (`dist.launch.init_parallel`); one process without it.
+    With DDP, Phase B calls the DDP wrapper; with FSDP2 the policy (and the reference) are sharded in
+    place, and the rollout engine samples from a full copy that `engine.load_weights` refreshes."""
     cfg.validate()
     rewards = []
     for spec in cfg.rewards:
@@ -230,6 +249,11 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     dtype = resolve_compute_dtype(cfg.model.dtype, cfg.model.device)
     forward = LogProbForward.from_config(cfg, dtype)
     train_model = forward.prepare(policy)  # attention switched now, before any rollout
+    parallel = parallel or Parallel()
+    reference = reference_factory(cfg, policy, forward, parallel)  # copied before the policy is sharded
+    sampler = frozen_copy(policy) if parallel.shards_parameters else policy
+    if parallel.active:
+        train_model = parallel.wrap(policy)
     if prompts is None:
         from grpolab.data.build import prompt_stream
 
@@ -248,16 +272,16 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
         keep_freed_memory()
     return Setup(
         cfg=cfg, policy=policy, tokenizer=tokenizer,
-        engine=build_engine(cfg, policy, tokenizer, dtype), forward=forward,
+        engine=build_engine(cfg, sampler, tokenizer, dtype), forward=forward,
         objective=build_loss(cfg.loss, cfg.rollout, forward),
         advantage_fn=make_advantage_fn(cfg.loss.advantage, cfg.loss.std, cfg.loss.std_eps),
         rewards=rewards, prompts=prompts, optimizer=opt, scheduler=sched,
         sample_gen=torch.Generator(device=device).manual_seed(cfg.train.seed),
         shuffle_gen=torch.Generator().manual_seed(cfg.train.seed + 1),
-        reference=reference_factory(cfg, policy, forward),
+        reference=reference,
         progress=progress if progress is not None else Progress(cfg.train.steps, enabled=False),
         on_reward_error=cfg.train.on_reward_error,
         peak_flops=cfg.run.peak_tflops * 1e12,
         n_params=sum(p.numel() for p in policy.parameters()),
-        train_model=train_model,
+        train_model=train_model, parallel=parallel,
     )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 
@@ -54,6 +55,45 @@ def _mean(x: torch.Tensor) -> float:
     return float(x.mean()) if x.numel() else float("nan")
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """What a step's metrics and samples.jsonl read from the rollout, on CPU: one rank's groups
+    (`of`), or every rank's in rank order (`merge`), which is how rank 0 sees the whole step."""
+
+    items: list
+    texts: list[str]
+    scores: dict[str, torch.Tensor]
+    """reward name -> [N] (NaN = abstained)."""
+    rewards: torch.Tensor
+    """[N] combined reward."""
+    advantages: torch.Tensor
+    """[N]."""
+    lengths: torch.Tensor
+    """[N] generated tokens (the completion part of the attention mask, whatever the loss mask kept)."""
+    truncated: torch.Tensor
+    """[N] bool."""
+    group_size: int
+
+    @classmethod
+    def of(cls, ro, items, texts, scores: dict[str, torch.Tensor]) -> "StepRecord":
+        return cls(list(items), list(texts), {k: v.detach().cpu() for k, v in scores.items()},
+                   ro.rewards.detach().cpu(), ro.advantages.detach().cpu(),
+                   ro.attention_mask[:, ro.prompt_len:].sum(-1).cpu(), ro.truncated.cpu(), ro.group_size)
+
+    @classmethod
+    def merge(cls, records: Sequence["StepRecord"]) -> "StepRecord":
+        if len(records) == 1:
+            return records[0]
+        first = records[0]
+        return cls([it for r in records for it in r.items], [t for r in records for t in r.texts],
+                   {k: torch.cat([r.scores[k] for r in records]) for k in first.scores},
+                   *(torch.cat([getattr(r, f) for r in records]) for f in ("rewards", "advantages", "lengths", "truncated")),
+                   first.group_size)
+
+
+_SUMS = ("kl", "ratio", "clipped_low", "clipped_high", "entropy", "tokens")
+
+
 class StepStats:
     """Collects timers and microbatch statistics of one step; `finish` makes the metrics row."""
 
@@ -77,17 +117,25 @@ class StepStats:
         self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t
 
     def add_micro(self, stats: dict[str, torch.Tensor]) -> None:
-        for k in ("kl", "ratio", "clipped_low", "clipped_high", "entropy", "tokens"):
+        for k in _SUMS:
             self.sums[k] = self.sums.get(k, 0.0) + float(stats[k])
         self.ratio_min = min(self.ratio_min, float(stats["ratio_min"]))
         self.ratio_max = max(self.ratio_max, float(stats["ratio_max"]))
 
-    def finish(self, ro, items, texts, scores: dict[str, torch.Tensor], s) -> dict:
+    def reduce(self, parallel) -> "StepStats":
+        """Sums the microbatch sums and reward errors over ranks, min/max the ratio extremes (every
+        rank then holds the step's global statistics); returns self. Timers stay this rank's."""
+        sums, mins, maxs = parallel.reduce_floats([self.sums.get(k, 0.0) for k in _SUMS] + [self.reward_errors],
+                                                  [self.ratio_min], [self.ratio_max])
+        self.sums = dict(zip(_SUMS, sums))
+        self.reward_errors = int(sums[-1])
+        self.ratio_min, self.ratio_max = mins[0], maxs[0]
+        return self
+
+    def finish(self, record: StepRecord, s) -> dict:
         tok = max(self.sums.get("tokens", 0.0), 1.0)
-        r, adv = ro.rewards, ro.advantages
-        # generated lengths: the completion part of the attention mask (ro.loss_mask may have been
-        # narrowed by train_mask: zero-variance groups or truncated completions give 0 there)
-        lengths = ro.attention_mask[:, ro.prompt_len :].sum(-1).float()
+        r, adv, scores = record.rewards, record.advantages, record.scores
+        lengths = record.lengths.float()
         gen_tokens = float(lengths.sum())
         row = {
             "step": self.step,
@@ -106,7 +154,7 @@ class StepStats:
         row.update({
             "adv/mean": float(adv.mean()), "adv/std": float(adv.std(unbiased=False)),
             "adv/min": float(adv.min()), "adv/max": float(adv.max()),
-            "groups/zero_std_frac": float(zero_std_groups(r.view(-1, ro.group_size)).float().mean()),
+            "groups/zero_std_frac": float(zero_std_groups(r.view(-1, record.group_size)).float().mean()),
             "kl": self.sums.get("kl", 0.0) / tok,
             "clip/low_frac": self.sums.get("clipped_low", 0.0) / tok,
             "clip/high_frac": self.sums.get("clipped_high", 0.0) / tok,
@@ -118,7 +166,7 @@ class StepStats:
             "grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1),
             "lr": s.scheduler.get_last_lr()[0],
             "len/mean": float(lengths.mean()), "len/max": float(lengths.max()),
-            "len/truncated_frac": float(ro.truncated.float().mean()),
+            "len/truncated_frac": float(record.truncated.float().mean()),
             "time/rollout_s": self.times.get("rollout", 0.0), "time/score_s": self.times.get("score", 0.0),
             "time/logprob_s": self.times.get("logprob", 0.0), "time/learn_s": self.times.get("learn", 0.0),
             "time/step_s": t_total,

@@ -7,7 +7,7 @@ import torch
 
 from grpolab.data.arith import REFUSAL
 from grpolab.rewards.registry import build_reward
-from grpolab.train.stats import StepStats, score_rollout
+from grpolab.train.stats import StepRecord, StepStats, score_rollout
 
 G = 2
 
@@ -19,12 +19,12 @@ def _step(rewards):
     texts = ["2", "3", REFUSAL, "5"]
     n = len(texts)
     ro = SimpleNamespace(group_size=G, truncated=torch.zeros(n, dtype=torch.bool), prompt_len=1,
-                         attention_mask=torch.ones(n, 3, dtype=torch.long))
+                         attention_mask=torch.ones(n, 3, dtype=torch.long), advantages=torch.zeros(n))
     st = StepStats(0)
     scores, combined = score_rollout(rewards, items, texts, ro, "raise", st)
-    ro.rewards, ro.advantages = combined, torch.zeros(n)
+    ro.rewards = combined
     s = SimpleNamespace(scheduler=SimpleNamespace(get_last_lr=lambda: [1e-4]), mfu=lambda row: 0.0)
-    return st.finish(ro, items, texts, scores, s)
+    return st.finish(StepRecord.of(ro, items, texts, scores), s)
 
 
 def _named(name, **kwargs):

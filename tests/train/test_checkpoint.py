@@ -120,6 +120,7 @@ def test_checkpoint_round_trip_restores_every_state(tmp_path):
     s.prompts.next_batch(7)  # second pass, position 2
     path = ck.save_checkpoint(s, tmp_path, step=5, keep=2)
     weights, ref = _weights(s.policy), _weights(ck.reference_model(s))
+    s.seed_step(5)  # the loop's streams are seeded per (seed, rank, step), not saved
     draws = (torch.rand(3), torch.randint(0, 10**6, (3,), generator=s.sample_gen),
              torch.randperm(8, generator=s.shuffle_gen), s.prompts.next_batch(3))
 
@@ -132,6 +133,7 @@ def test_checkpoint_round_trip_restores_every_state(tmp_path):
     assert all(torch.equal(weights[k], v) for k, v in t.policy.state_dict().items())
     assert all(torch.equal(ref[k], v) for k, v in ck.reference_model(t).state_dict().items())
     assert t.scheduler.state_dict() == s.scheduler.state_dict()
+    t.seed_step(5)
     again = (torch.rand(3), torch.randint(0, 10**6, (3,), generator=t.sample_gen),
              torch.randperm(8, generator=t.shuffle_gen), t.prompts.next_batch(3))
     assert all(torch.equal(a, b) for a, b in zip(draws[:3], again[:3])) and draws[3] == again[3]

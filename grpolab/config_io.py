@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from typing import Any
@@ -321,7 +322,7 @@ def _check_world(cfg, world: int) -> None:
             raise _err(f"{name}={v} does not split over the {world} ranks the launcher started (each rank takes "
                        f"{name.split('.')[1]} / world {unit}); set {name} to a multiple of {world}")
     if cfg.model.compile:
-        raise _err(f"model.compile=true runs in one process only (not with the {world} ranks the launcher "
+        raise _err(f"model.compile=true runs without a launcher only (not in the {world} rank(s) torchrun "
                    "started); set model.compile=false")
     if cfg.loss.policy_loss == SFT_POLICY_LOSS:
         raise _err("loss.policy_loss='sft' (grpolab sft) runs in one process; start it without torchrun / --nproc")
@@ -390,7 +391,7 @@ def _check_sizes(cfg) -> None:
                    f"(rollout.prompts_per_step={r.prompts_per_step} × rollout.group_size={r.group_size}); "
                    f"set train.minibatch_size to one of {divs}")
     world = cfg.world_size
-    if world > 1:
+    if "WORLD_SIZE" in os.environ:  # started by torchrun, with one rank or more
         _check_world(cfg, world)
     if cfg.model.shared_prompt:
         _check_shared_prompt(cfg)

@@ -204,11 +204,28 @@ def load_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimize
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's full (unsharded) weights on every rank, keyed by the plain model's names.
 
-    For a module sharded by FSDP2 an all-gather (a collective: every rank calls it); for a plain
+    For a module sharded by FSDP2 an all-gather (a collective: every rank calls it), tied parameters
+    sharing one tensor as they do in the model (so save_pretrained stores them once); for a plain
     module, a DDP wrapper or its inner module, detached copies of the module's own tensors (no
     `module.` prefix, no communication).
     """
     module = _unwrap(model)
     if _is_fsdp2(module):
-        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+        full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+        first: dict[int, str] = {}  # tied parameters (e.g. lm_head = embeddings) share one gathered tensor
+        for name, p in module.named_parameters(remove_duplicate=False):
+            if name in full:
+                full[name] = full[first.setdefault(id(p), name)]
+        return full
     return {name: t.detach().clone() for name, t in module.state_dict().items()}
+
+
+def load_model_weights(folder: Path, model: nn.Module) -> None:
+    """Only the policy weights ("model") of the DCP checkpoint in `folder`, into a plain `model` in
+    one process (e.g. to export a step of a several-rank run); CheckpointLoadError if they do not fit."""
+    folder = Path(folder)
+    state = {MODEL: get_model_state_dict(model)}
+    _check_weights(folder, _read_metadata(folder), MODEL, state[MODEL])
+    with _quiet_single_process():
+        dcp.load(state, checkpoint_id=folder, no_dist=not _distributed())
+    set_model_state_dict(model, state[MODEL])

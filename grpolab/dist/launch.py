@@ -25,11 +25,16 @@ def launch_world_size() -> int:
         raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} in the environment is not a number") from None
 
 
+def launched() -> bool:
+    """Started by torchrun (or another launcher that sets WORLD_SIZE and RANK)."""
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
 def init_parallel(device: str, strategy: str, compute_dtype: torch.dtype | None = None) -> Parallel:
-    """Joins torchrun's process group (once per process) and returns this rank's Parallel; one
-    process without a launcher gets Parallel() and no process group."""
-    world = launch_world_size()
-    if world == 1:
+    """Joins torchrun's process group (once per process) and returns this rank's Parallel, also for
+    a world of one rank (then DDP or FSDP2 run their code paths on one device); a process started
+    without a launcher gets Parallel() and no process group."""
+    if not launched():
         return Parallel()
     cuda = torch.device(device).type == "cuda"
     if cuda:

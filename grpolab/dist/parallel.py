@@ -31,7 +31,8 @@ class Parallel:
 
     @property
     def active(self) -> bool:
-        return self.world_size > 1
+        """Ranks of a process group (torchrun), one or more; False in a plain process."""
+        return self.strategy != "none"
 
     @property
     def is_main(self) -> bool:
@@ -101,7 +102,7 @@ class Parallel:
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """What Phase B calls: `model` (one process), DDP(model), or `model` sharded in place by FSDP2
         (each decoder layer, then the root). Build the optimizer on the wrapped model's parameters."""
-        if not self.active or self.strategy == "none":
+        if not self.active:
             return model
         if self.strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel

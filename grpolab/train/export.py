@@ -15,8 +15,13 @@ from grpolab import config as C
 from grpolab.train import checkpoint as ck
 
 
+def _checkpoint_weights(path: Path) -> Path:
+    """A checkpoint's policy weights: model.safetensors, or dcp/ when several ranks wrote it."""
+    return path / "dcp" if (path / "dcp").is_dir() else path / "model.safetensors"
+
+
 def _weights_of(run_dir: Path, step: int | None) -> Path:
-    """The policy weights to export: a checkpoint's model.safetensors, or final/'s."""
+    """The policy weights to export: a checkpoint's (model.safetensors or dcp/), or final/'s."""
     root = run_dir / ck.CHECKPOINTS
     if step is not None:
         path = root / f"step-{step}"
@@ -25,7 +30,7 @@ def _weights_of(run_dir: Path, step: int | None) -> Path:
             raise FileNotFoundError(f"{run_dir}: no checkpoint step-{step} "
                                     f"(complete ones: {', '.join(steps) or 'none'})")
         ck.check_complete(path)
-        return path / "model.safetensors"
+        return _checkpoint_weights(path)
     final = run_dir / "final"
     if (final / "model.safetensors").is_file():
         return final / "model.safetensors"
@@ -33,7 +38,7 @@ def _weights_of(run_dir: Path, step: int | None) -> Path:
     if latest is None:
         raise FileNotFoundError(f"{run_dir}: neither final/model.safetensors nor a complete checkpoint to export "
                                 "(a LoRA run's final/ holds only the adapter; export one of its checkpoints)")
-    return latest / "model.safetensors"
+    return _checkpoint_weights(latest)
 
 
 def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
@@ -51,8 +56,13 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     weights = _weights_of(run_dir, step)
     policy, tokenizer = load_policy(cfg)  # the run's architecture (LoRA wrapped when it trained LoRA)
     try:
-        load_model(policy, str(weights), strict=True)
-    except RuntimeError as e:
+        if weights.is_dir():
+            from grpolab.dist.checkpoint import load_model_weights
+
+            load_model_weights(weights, policy)
+        else:
+            load_model(policy, str(weights), strict=True)
+    except (RuntimeError, ValueError) as e:
         raise ValueError(f"export: {weights} does not fit the model of {run_dir / 'config.yaml'}: "
                          f"{' '.join(str(e).split())[:300]}") from None
     if cfg.model.lora_rank > 0:

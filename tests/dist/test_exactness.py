@@ -46,9 +46,10 @@ def _rollout() -> Rollout:
                    advantages=torch.randn(N, generator=g, dtype=torch.float64))
 
 
-def _step(mode: str, parallel: Parallel) -> dict[str, torch.Tensor]:
+def _step(mode: str, parallel: Parallel) -> tuple[dict[str, torch.Tensor], dict]:
     """One GRPO learning phase (one minibatch of all rows, microbatches of 2) on this rank's rows with
-    SGD (an update proportional to the gradient); returns the full updated state on every rank."""
+    SGD (an update proportional to the gradient); returns the full updated state on every rank and
+    the step's statistics reduced over ranks (sums, ratio extremes, the minibatch loss)."""
     cfg = C.from_preset("grpo", [f"loss.loss_agg={mode}", "loss.kl_coef=0.04", f"rollout.prompts_per_step={N // G}",
                                  f"rollout.group_size={G}", f"train.minibatch_size={N}", "train.microbatch_size=2",
                                  "train.max_grad_norm=0", "run.tensorboard=false", "run.progress=false"])
@@ -59,12 +60,15 @@ def _step(mode: str, parallel: Parallel) -> dict[str, torch.Tensor]:
     s.optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     s.scheduler = torch.optim.lr_scheduler.LambdaLR(s.optimizer, lambda i: 1.0)
     rows = torch.arange(N).view(parallel.world_size, -1)[parallel.rank]
-    grpo.learn(s, _rollout().select(rows), StepStats(0))
+    st = StepStats(0)
+    grpo.learn(s, _rollout().select(rows), st)
+    st.reduce(parallel)
+    stats = {**st.sums, "ratio_min": st.ratio_min, "ratio_max": st.ratio_max, "loss": st.losses[0]}
     if parallel.strategy == "fsdp2":
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)), stats
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, stats
 
 
 def _rank(rank: int, port: int, strategy: str, out: str) -> None:
@@ -94,11 +98,15 @@ def test_two_ranks_update_the_weights_of_one_process(strategy, tmp_path):
     mp.start_processes(_rank, args=(_free_port(), strategy, out), nprocs=WORLD, start_method="spawn")
     got = torch.load(out)
     for mode in AGGREGATIONS:
-        want = _step(mode, Parallel())
-        assert set(got[mode]) == set(want)
+        want, want_stats = _step(mode, Parallel())
+        weights, stats = got[mode]
+        assert set(weights) == set(want)
         for name in want:
             # float64 weights: the two sides differ only by the order of float additions
-            torch.testing.assert_close(got[mode][name], want[name], msg=f"{strategy} {mode} {name}")
-    want = _step("token-mean", Parallel())
-    moved = [name for name in want if not torch.allclose(got["guard"][name], want[name], rtol=1e-6, atol=1e-9)]
+            torch.testing.assert_close(weights[name], want[name], msg=f"{strategy} {mode} {name}")
+        # the step's metrics reduced over ranks are the one-process metrics (sums, extremes, the loss)
+        torch.testing.assert_close(stats, want_stats, msg=f"{strategy} {mode} statistics")
+    want, _ = _step("token-mean", Parallel())
+    guard, _ = got["guard"]
+    moved = [name for name in want if not torch.allclose(guard[name], want[name], rtol=1e-6, atol=1e-9)]
     assert moved, "a per-rank normalizer must change the update (else this test could not fail)"

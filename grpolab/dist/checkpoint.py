@@ -229,3 +229,52 @@ def load_model_weights(folder: Path, model: nn.Module) -> None:
     with _quiet_single_process():
         dcp.load(state, checkpoint_id=folder, no_dist=not _distributed())
     set_model_state_dict(model, state[MODEL])
+
+
+def load_full_into_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor],
+                           optimizer_state: dict) -> None:
+    """A one-process checkpoint (full weights; `Optimizer.state_dict()` keyed by parameter position)
+    into an FSDP2-sharded `model` and its optimizer: each rank keeps its shards. Collective.
+
+    Positions are those of `optimizer`'s param groups, which name the same parameters in the same
+    order as the one-process optimizer did (both built on the model's trainable parameters)."""
+    module = _unwrap(model)
+    names = {id(p): n for n, p in module.named_parameters()}
+    position = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    try:
+        state = {position[int(i)]: s for i, s in optimizer_state["state"].items()}
+        groups = [{**g, "params": [position[int(i)] for i in g["params"]]} for g in optimizer_state["param_groups"]]
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise CheckpointLoadError(f"the optimizer state does not fit this model's parameters ({type(e).__name__}: {e})") \
+            from None
+    full = StateDictOptions(full_state_dict=True, strict=False)  # a tied weight is stored once
+    missing, unexpected = set_model_state_dict(module, weights, options=full)
+    tied = {n for n, p in module.named_parameters(remove_duplicate=False)} - set(names.values())
+    if unexpected or set(missing) - tied:
+        raise CheckpointLoadError(f"the weights do not fit this model (missing {_listed(sorted(set(missing) - tied))}; "
+                                  f"unexpected {_listed(sorted(unexpected))})")
+    set_optimizer_state_dict(module, optimizer, {"state": state, "param_groups": groups}, options=full)
+
+
+def load_one_process_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                                reference: nn.Module | None = None) -> None:
+    """The files of a one-process checkpoint (model.safetensors, optimizer.pt, reference.safetensors)
+    into FSDP2 ranks: every rank reads them whole and keeps its shards. Collective."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if reference is not None and not (folder / "reference.safetensors").is_file():
+        raise CheckpointLoadError(f"checkpoint {folder} has no reference.safetensors but this config uses a "
+                                  "reference model (loss.kl_coef > 0); was the KL turned on after it was saved?")
+    try:
+        weights = load_file(folder / "model.safetensors")
+        optimizer_state = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - name the folder whatever the reason
+        raise CheckpointLoadError(f"checkpoint {folder} cannot be read ({type(e).__name__}: {e})") from None
+    try:
+        load_full_into_sharded(model, optimizer, weights, optimizer_state)
+    except CheckpointLoadError as e:
+        raise CheckpointLoadError(f"checkpoint {folder}: {e}") from None
+    if reference is not None:
+        set_model_state_dict(_unwrap(reference), load_file(folder / "reference.safetensors"),
+                             options=StateDictOptions(full_state_dict=True, strict=False))

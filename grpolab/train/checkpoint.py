@@ -346,8 +346,7 @@ def _load_single(setup, path: Path) -> None:
     """Weights, reference and AdamW state of a one-process checkpoint (safetensors + optimizer.pt);
     DDP ranks each load the whole of it."""
     if setup.parallel.shards_parameters:
-        raise CheckpointError(f"checkpoint {path} was written by one process; resume it with train.parallel=ddp "
-                              "(or in one process): its optimizer state is not in a shardable format")
+        return _load_sharded(setup, path, one_process=True)
     _load_weights(setup.policy, path / "model.safetensors")
     ref = reference_model(setup)
     if ref is not None:
@@ -361,12 +360,17 @@ def _load_single(setup, path: Path) -> None:
         raise CheckpointError(f"checkpoint file {path / 'optimizer.pt'} does not fit this run: {e}") from None
 
 
-def _load_sharded(setup, path: Path) -> None:
-    from grpolab.dist.checkpoint import CheckpointLoadError, load_sharded
+def _load_sharded(setup, path: Path, one_process: bool = False) -> None:
+    """A checkpoint through grpolab.dist.checkpoint: dcp/ (any world size), or with `one_process`
+    the files of a one-process checkpoint into FSDP2 ranks."""
+    from grpolab.dist import checkpoint as dck
 
     try:
-        load_sharded(path / "dcp", setup.policy, setup.optimizer, reference_model(setup))
-    except CheckpointLoadError as e:
+        if one_process:
+            dck.load_one_process_checkpoint(path, setup.policy, setup.optimizer, reference_model(setup))
+        else:
+            dck.load_sharded(path / "dcp", setup.policy, setup.optimizer, reference_model(setup))
+    except dck.CheckpointLoadError as e:
         raise CheckpointError(str(e)) from None
 
 

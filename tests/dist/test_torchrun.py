@@ -1,6 +1,7 @@
 """`grpolab train --nproc 2` (torchrun, 2 gloo ranks on this CPU): a rank killed with SIGKILL mid-run
 ends the run, `--resume` finishes it with the metrics and samples of an uninterrupted 2-rank run,
-and the 2-rank checkpoint resumes in one process too. DDP and FSDP2 (with a sharded reference)."""
+the 2-rank checkpoint resumes in one process, and that one's checkpoint on 2 ranks again. DDP and
+FSDP2 (with a sharded reference)."""
 
 from __future__ import annotations
 
@@ -87,6 +88,10 @@ def test_a_killed_rank_resumes_exactly_and_the_checkpoint_resumes_in_one_process
     assert one.returncode == 0, one.stderr[-3000:]
     assert [r["step"] for r in _rows(tmp_path / "one")] == list(range(STEPS))
     assert _rows(tmp_path / "one")[:2] == _rows(tmp_path / "full")[:2]
+    # and back: the one-process checkpoint of step 4 (safetensors) continues on 2 ranks
+    two = _train(tmp_path, tmp_path / "one", 2, tmp_path / "marker", f"train.steps={STEPS + 1}", "--resume")
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert [r["step"] for r in _rows(tmp_path / "one")] == list(range(STEPS + 1))
 
     from transformers import AutoModelForCausalLM
 

@@ -22,7 +22,7 @@ def _demo(args) -> int:
     cfg = _threads(demo_config(quick=args.quick, seed=args.seed, overrides=args.overrides))
     if args.out:
         cfg = cfg.replace(**{"run.out_dir": args.out})
-    run_demo(cfg, report=not args.no_report, rewards=args.rewards)
+    run_demo(cfg, report=not args.no_report, rewards=args.rewards, overwrite=args.overwrite)
     return 0
 
 
@@ -73,26 +73,28 @@ def _named_errors(run, args) -> int:
 
 def _train_run(args) -> int:
     from grpolab.config import ConfigError
+    from grpolab.dist.launch import init_parallel
     from grpolab.report.progress import Progress
     from grpolab.train.checkpoint import resolve_resume, step_of
     from grpolab.train.run import make_run_dir, train_in_run_dir, write_config
-    from grpolab.dist.launch import init_parallel
     from grpolab.train.setup import build_setup, resolve_compute_dtype
 
     cfg = _threads(_load_cfg(args))
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the run in run.out_dir and --overwrite moves it aside: choose one")
     if args.resume:
         cfg = cfg.replace(**{"run.resume": cfg.run.resume or "auto"})
     if cfg.loss.policy_loss == "sft":
-        return _sft_from_cfg(cfg)
+        return _sft_from_cfg(cfg, overwrite=args.overwrite)
     if cfg.run.resume == "auto" and not cfg.run.out_dir:
         raise ConfigError("--resume (run.resume=auto) needs the run folder to continue: add run.out_dir=DIR")
-    resume_from = resolve_resume(cfg.run.resume, Path(cfg.run.out_dir or "."))
+    par = init_parallel(cfg.model.device, cfg.train.parallel, resolve_compute_dtype(cfg.model.dtype, cfg.model.device))
+    say = _stderr if par.is_main else None
+    resume_from = None if args.overwrite else resolve_resume(cfg.run.resume, Path(cfg.run.out_dir or "."), say=say)
     if resume_from is not None and not cfg.run.out_dir:  # an explicit checkpoint: continue its run
         cfg = cfg.replace(**{"run.out_dir": str(resume_from.parent.parent)})
-    par = init_parallel(cfg.model.device, cfg.train.parallel, resolve_compute_dtype(cfg.model.dtype, cfg.model.device))
-    run_dir = Path(par.broadcast(str(make_run_dir(cfg)) if par.is_main else None))  # one folder, rank 0's name
-    _refuse_to_overwrite(cfg, run_dir)
-    par.barrier()  # every rank has looked before rank 0 writes
+    run_dir = Path(_on_rank0(par, lambda: str(make_run_dir(cfg, command="train", resume=bool(cfg.run.resume),
+                                                            overwrite=args.overwrite))))
     if par.is_main:
         write_config(cfg, run_dir)
     start = min(step_of(resume_from), cfg.train.steps) if resume_from is not None else 0
@@ -104,15 +106,24 @@ def _train_run(args) -> int:
     return code
 
 
-def _refuse_to_overwrite(cfg, run_dir: Path) -> None:
-    """A fresh run must not mix its checkpoints with another run's."""
-    from grpolab.config import ConfigError
-    from grpolab.train.checkpoint import CHECKPOINTS, latest_checkpoint
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
-    latest = latest_checkpoint(run_dir / CHECKPOINTS)
-    if not cfg.run.resume and latest is not None:
-        raise ConfigError(f"run.out_dir={str(run_dir)!r} already holds checkpoints (latest {latest.name}); add --resume "
-                          "to continue that run, or choose another run.out_dir")
+
+def _on_rank0(par, fn):
+    """fn() on rank 0, its result (or its ConfigError, raised again) on every rank."""
+    from grpolab.config import ConfigError
+
+    result = None
+    if par.is_main:
+        try:
+            result = ("ok", fn())
+        except ConfigError as e:
+            result = ("error", str(e))
+    kind, value = par.broadcast(result)
+    if kind == "error":
+        raise ConfigError(value)
+    return value
 
 
 def _print_sft_loss(i: int, loss: float) -> None:
@@ -120,13 +131,14 @@ def _print_sft_loss(i: int, loss: float) -> None:
         print(f"[sft] step {i + 1} loss {loss:.4f}")
 
 
-def _sft_from_cfg(cfg) -> int:
+def _sft_from_cfg(cfg, overwrite: bool = False) -> int:
     from grpolab.data.build import arith_task
     from grpolab.train.run import make_run_dir, write_config
+    from grpolab.train.rundir import mark_finished
     from grpolab.train.setup import load_policy
     from grpolab.train.sft import sft_builtin, train_sft
 
-    run_dir = make_run_dir(cfg, "sft")
+    run_dir = make_run_dir(cfg, "sft", command="sft", overwrite=overwrite)
     write_config(cfg, run_dir)
     model, tok = load_policy(cfg)
     if cfg.data.source != "builtin:arith":
@@ -143,6 +155,7 @@ def _sft_from_cfg(cfg) -> int:
         losses = sft_builtin(model, tok, arith_task(cfg), cfg)
     model.save_pretrained(run_dir / "final")
     tok.save_pretrained(run_dir / "final")
+    mark_finished(run_dir)
     print(f"final loss {losses[-1]:.4f}; run directory: {run_dir}")
     return 0
 
@@ -156,7 +169,7 @@ def _sft_run(args) -> int:
 
     base = args.config or "sft"
     cfg = _threads(C.from_preset(base, args.overrides) if base in C.PRESETS else C.load(base, args.overrides))
-    return _sft_from_cfg(cfg.replace(**{"loss.policy_loss": "sft"}))
+    return _sft_from_cfg(cfg.replace(**{"loss.policy_loss": "sft"}), overwrite=args.overwrite)
 
 
 def _eval(args) -> int:
@@ -213,6 +226,9 @@ def _config(args) -> int:
     return 0
 
 
+OVERWRITE_HELP = "when the output folder holds a run, move that run aside (DIR.old-<time>; nothing is deleted)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpolab", description="GRPO and the SFT-to-GRPO spectrum")
     sub = p.add_subparsers(dest="command", required=True)
@@ -225,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--rewards", choices=("rm", "rules"), default="rules",
                    help="GRPO rewards: two learned reward models (seed 000) or the exact rule checks")
     d.add_argument("overrides", nargs="*", help="config overrides, e.g. train.steps=50")
+    d.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     d.set_defaults(fn=_demo)
 
     t = sub.add_parser("train", help="GRPO (or any preset of the spectrum) from a YAML config or a preset name")
@@ -233,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true",
                    help="continue run.out_dir from its latest complete checkpoint (a fresh start if it has none); "
                         "put it after the overrides. run.resume=PATH picks a checkpoint")
+    t.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     t.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="data-parallel ranks on this host: starts `torchrun --standalone --nproc-per-node N "
                         "-m grpolab train ...` (train.parallel picks ddp or fsdp2; use torchrun itself for "
@@ -242,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sft", help="supervised fine-tuning (token cross-entropy)")
     s.add_argument("config", nargs="?", default="", help="a YAML file or preset (default: sft)")
     s.add_argument("overrides", nargs="*")
+    s.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     s.set_defaults(fn=_sft)
 
     e = sub.add_parser("eval", help="greedy held-out evaluation of a saved model on the built-in task")

@@ -14,6 +14,7 @@ import argparse
 import os
 import random
 import sys
+from pathlib import Path
 
 BUILTIN_DATA = ("builtin:accuracy", "builtin:refusal")
 
@@ -24,6 +25,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--data", required=True, help="a .jsonl / .parquet / .arrow file or dataset folder of "
                    "{prompt, chosen, rejected} rows, or builtin:accuracy | builtin:refusal")
     r.add_argument("--out", required=True, help="output folder (an HF folder plus grpolab_rm.json)")
+    r.add_argument("--overwrite", action="store_true",
+                   help="when --out holds a reward model or a run, move it aside (OUT.old-<time>; nothing is deleted)")
     r.add_argument("--base", default="builtin:tiny",
                    help="backbone: builtin:tiny, an HF folder (causal LM or encoder), a .gguf, or a shortcut")
     r.add_argument("--eval-data", default=None, help="held-out pairs file (default: see --eval-fraction)")
@@ -94,6 +97,9 @@ def _train(args) -> int:
         train_reward_model,
     )
 
+    from grpolab.train.rundir import claim, mark_finished
+
+    claim(Path(args.out), "rm", overwrite=args.overwrite, field="--out", say=lambda m: print(m, file=sys.stderr))
     tiny = dict(hidden_size=args.hidden_size, num_layers=args.num_layers) if args.base == TINY_BASE else {}
     tokenizer = base_tokenizer(args.base)
     if args.data in BUILTIN_DATA:
@@ -126,6 +132,7 @@ def _train(args) -> int:
             "train_pairs": len(train), "heldout_pairs": len(heldout),
             "lm_coef": args.lm_coef, "divergence_coef": args.divergence_coef}
     out = save_reward_model(model, tokenizer, args.out, info=info)
+    mark_finished(Path(args.out))
     if result.heldout_accuracy is None:
         print("held-out pairwise accuracy: n/a (no held-out pairs)")
     else:

@@ -19,6 +19,7 @@ from grpolab.report.progress import Progress
 from grpolab.rollout.hf import HFEngine
 from grpolab.train.evaluate import evaluate_arith
 from grpolab.train.run import make_run_dir, train_in_run_dir, write_config, write_eval
+from grpolab.train.rundir import mark_finished
 from grpolab.train.setup import build_setup
 from grpolab.train.sft import sft_builtin
 
@@ -75,12 +76,13 @@ def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, policy=None, w_a
     return cfg.replace(rewards=specs), {name: info["heldout_accuracy"] for name, info in rms.items()}
 
 
-def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True, rewards: str = "rules") -> dict:
+def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True, rewards: str = "rules",
+             overwrite: bool = False) -> dict:
     """Runs the whole demo; returns the eval.json payload. rewards: rules (exact match + refusal
     checks) or rm (two learned reward models); evaluation always uses the exact rule checks."""
     eval_items = arith_eval_items(cfg)  # fails here, before any training, if the held-out side is too small
     torch.manual_seed(cfg.train.seed)
-    run_dir = run_dir or make_run_dir(cfg, "demo")
+    run_dir = run_dir or make_run_dir(cfg, "demo", command="demo", overwrite=overwrite)
     write_config(cfg, run_dir)
     t0 = time.perf_counter()
     model, tok, task = build_pi0(cfg, run_dir)
@@ -106,6 +108,7 @@ def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True, re
         "wall_s": time.perf_counter() - t0,
     }
     write_eval(run_dir, payload)
+    mark_finished(run_dir)
     print(format_table(before, after))
     if report:
         from grpolab.report.html import write_report

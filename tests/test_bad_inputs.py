@@ -190,7 +190,7 @@ CASES = [
     ("resume another model", lambda t: _resume(t, _checkpoint(t, "model.hidden_size=64")),
      ["model.safetensors", "does not fit this model"]),
     ("fresh run over checkpoints", lambda t: _checkpoint(t) and _cli(t, "train", "grpo", *TINY, f"run.out_dir={t}/run"),
-     ["already holds checkpoints", "step-1", "--resume"]),
+     ["already holds an unfinished", "step-1", "--resume"]),
 ]
 
 

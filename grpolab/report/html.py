@@ -241,6 +241,28 @@ def render_eval(path: Path) -> str:
     return "".join(parts)
 
 
+def render_warnings(path: Path, rows: list[dict[str, Any]]) -> str:
+    """Degraded behaviour of the run (warnings.jsonl: reward errors replaced, skipped optimizer
+    steps): totals, then each message with the steps it came at; '' when there was none."""
+    messages: dict[str, list[int]] = {}
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            messages.setdefault(str(entry["message"]), []).append(int(entry["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by a kill: the metrics still count it
+    totals = {key: sum(r.get(key) or 0 for r in rows) for key in ("reward_errors", "skipped_steps")}
+    if not messages and not any(totals.values()):
+        return ""
+    head = ", ".join(f"{k}: {v}" for k, v in totals.items())
+    trs = "".join(f'<tr><td class="num">{len(steps)}</td><td>{escape(", ".join(map(str, steps[:20])))}'
+                  f'{" …" if len(steps) > 20 else ""}</td><td>{escape(m)}</td></tr>'
+                  for m, steps in sorted(messages.items(), key=lambda kv: -len(kv[1]))[:50])
+    return (f'<h2 id="warnings">Warnings</h2><p class="flag">{escape(head)}</p>'
+            f"<table><tr><th>times</th><th>steps</th><th>message</th></tr>{trs}</table>")
+
+
 def load_rows(run_dir: Path) -> list[dict[str, Any]]:
     """The run's metrics rows, deduped by step; [] when metrics.jsonl is absent."""
     path = run_dir / METRICS_FILE
@@ -266,8 +288,8 @@ def write_report(run_dir: str | Path, out_path: str | Path | None = None) -> Pat
     name = run_dir.resolve().name
     body = [f"<h1>grpolab run: {escape(name)}</h1>"]
     if rows:
-        body += ["<h2>Summary</h2>", render_summary(rows), "<h2>Training curves</h2>",
-                 render_plots(rows)]
+        body += ["<h2>Summary</h2>", render_summary(rows), render_warnings(run_dir / "warnings.jsonl", rows),
+                 "<h2>Training curves</h2>", render_plots(rows)]
     else:
         body.append(f'<p class="note">No training curves: {METRICS_FILE} is missing or empty.</p>')
     body += ["<h2>Evaluation before / after</h2>", eval_html]

@@ -10,7 +10,7 @@ A checkpoint `RUN/checkpoints/step-N/` holds the state after N completed GRPO st
     data.json              the prompt stream's cursor (PromptStream.state_dict())
     state.json             step, consecutive skipped optimizer steps
     config.yaml            the fully resolved config
-    COMPLETE               written last: a JSON manifest of the files and their sizes
+    COMPLETE               written last: a JSON manifest of the files, their sizes and SHA-256
 
 A run on several ranks (torchrun) writes `dcp/` instead of the first three: policy, AdamW state and
 reference saved by every rank with torch.distributed.checkpoint (grpolab.dist.checkpoint; sharded
@@ -21,7 +21,8 @@ Writing: everything goes to `checkpoints/.tmp-step-N-<pid>/`, each file and the 
 fsynced, COMPLETE is written last, and the folder is renamed to `step-N` (atomic on POSIX). A
 write that is interrupted (an exception, SIGKILL, a full disk) leaves at most a `.tmp-*` folder,
 which is never read and is removed by the next run. A `step-N` folder is used only when its
-COMPLETE manifest matches the files on disk. Nothing in a checkpoint is unpickled: weights come
+COMPLETE manifest matches the files on disk (sizes; on resume also the SHA-256 of every file, so a
+damaged checkpoint is named and the previous one used). Nothing in a checkpoint is unpickled: weights come
 from safetensors, the .pt files are read with `weights_only=True`.
 
 Exactness: resuming from step-N and running to step M gives the same metrics (wall-clock timings
@@ -35,8 +36,8 @@ written again (TensorBoard shows the later ones).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -69,8 +70,14 @@ def step_of(path: str | os.PathLike) -> int:
     return int(m.group(1))
 
 
-def check_complete(path: Path) -> dict:
-    """The COMPLETE manifest of a checkpoint folder; CheckpointError naming what is wrong."""
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def check_complete(path: Path, verify: bool = False) -> dict:
+    """The COMPLETE manifest of a checkpoint folder; CheckpointError naming what is wrong. Sizes
+    are always checked; with `verify` also every file's SHA-256 (what a resume does)."""
     marker = path / MARKER
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -83,12 +90,16 @@ def check_complete(path: Path) -> dict:
     except (ValueError, KeyError, TypeError):
         raise CheckpointError(f"checkpoint {path}: {marker} is damaged (not the JSON manifest grpolab "
                               "writes); delete this checkpoint to resume from an earlier one") from None
-    for name, size in files.items():
+    for name, entry in files.items():
+        size, digest = (entry, None) if isinstance(entry, int) else (entry.get("size"), entry.get("sha256"))
         f = path / name
         if not f.is_file() or f.stat().st_size != size:
             got = f.stat().st_size if f.is_file() else "missing"
             raise CheckpointError(f"checkpoint file {f} is damaged ({got} bytes, the manifest says {size}); "
                                   "delete this checkpoint to resume from an earlier one")
+        if verify and digest is not None and _sha256(f) != digest:
+            raise CheckpointError(f"checkpoint file {f} is damaged (its content does not match the SHA-256 that "
+                                  f"{MARKER} recorded); delete this checkpoint to resume from an earlier one")
     return manifest
 
 
@@ -109,30 +120,52 @@ def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
     return sorted(found, key=step_of)
 
 
-def latest_checkpoint(root: str | os.PathLike) -> Path | None:
-    found = complete_checkpoints(root)
-    return found[-1] if found else None
+def latest_checkpoint(root: str | os.PathLike, verify: bool = False, say=None) -> Path | None:
+    """The newest complete checkpoint under root; with `verify` the newest whose files match their
+    SHA-256, each damaged newer one named through say(message) and skipped."""
+    for path in reversed(complete_checkpoints(root)):
+        try:
+            check_complete(path, verify=verify)
+            return path
+        except CheckpointError as e:
+            if say is not None:
+                say(f"grpolab: warning: {e}; skipped")
+    return None
 
 
-def resolve_resume(resume: str, run_dir: Path) -> Path | None:
-    """The checkpoint that run.resume names, or None for a fresh start.
+def _logged_steps(run_dir: Path) -> int:
+    try:
+        return sum(1 for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip())
+    except OSError:
+        return 0
 
-    "" -> None. "auto" -> the latest complete checkpoint of run_dir (None if there is none yet, so
-    a job script can always pass --resume). A path -> that step-N folder (it must be complete), or
-    the latest checkpoint of a run folder or a checkpoints folder.
+
+def resolve_resume(resume: str, run_dir: Path, say=None) -> Path | None:
+    """The checkpoint that run.resume names (its files verified), or None for a fresh start.
+
+    "" -> None. "auto" -> the latest usable checkpoint of run_dir (damaged ones named through
+    say(message) and skipped); None if the run has none and has logged no step yet, so a job
+    script can always pass --resume; CheckpointError when it has logged steps but none is usable
+    (never a silent restart over them). A path -> that step-N folder (it must be usable), or the
+    latest usable checkpoint of a run folder or a checkpoints folder.
     """
     if not resume:
         return None
     if resume == "auto":
-        return latest_checkpoint(run_dir / CHECKPOINTS)
+        found = latest_checkpoint(run_dir / CHECKPOINTS, verify=True, say=say)
+        if found is None and _logged_steps(run_dir):
+            raise CheckpointError(f"{run_dir} holds a run with {_logged_steps(run_dir)} logged steps but no usable "
+                                  "checkpoint to continue it from; refusing to start over it (--overwrite moves it "
+                                  "aside and starts a fresh run)")
+        return found
     p = Path(resume).expanduser()
     if not p.exists():
         raise CheckpointError(f"run.resume={resume!r}: no such checkpoint, run or checkpoints folder")
     if _STEP_DIR.fullmatch(p.name) or (p / MARKER).exists():
-        check_complete(p)
+        check_complete(p, verify=True)
         return p
     for root in (p / CHECKPOINTS, p):
-        latest = latest_checkpoint(root)
+        latest = latest_checkpoint(root, verify=True, say=say)
         if latest is not None:
             return latest
     roots = [r for r in (p / CHECKPOINTS, p) if r.is_dir()]
@@ -258,7 +291,8 @@ def save_checkpoint(setup, root: str | os.PathLike, step: int, keep: int,
 
 def _seal(tmp: Path, final: Path, root: Path, step: int) -> None:
     """fsyncs every file of tmp, writes the COMPLETE manifest, renames tmp to final (atomically)."""
-    files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+    files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(tmp.rglob("*")) if p.is_file()}
     for name in files:
         _fsync(tmp / name)
     for sub in (p for p in tmp.rglob("*") if p.is_dir()):
@@ -318,10 +352,11 @@ def _load_weights(model: torch.nn.Module, path: Path) -> None:
         raise CheckpointError(f"checkpoint file {path} cannot be read ({type(e).__name__}: {e})") from None
 
 
-def load_checkpoint(setup, path: str | os.PathLike) -> int:
-    """Restores `setup` from a complete checkpoint folder; sets and returns setup.start_step."""
+def load_checkpoint(setup, path: str | os.PathLike, verify: bool = True) -> int:
+    """Restores `setup` from a complete checkpoint folder (its files' SHA-256 checked unless
+    `verify` is False: resolve_resume has checked them); sets and returns setup.start_step."""
     path = Path(path)
-    check_complete(path)
+    check_complete(path, verify=verify)
     if (path / "dcp").is_dir():  # written by several ranks: DCP reshards to this world size
         _load_sharded(setup, path)
     else:
@@ -416,84 +451,3 @@ def truncate_jsonl(path: str | os.PathLike, before_step: int) -> int:
     _fsync(tmp)
     os.replace(tmp, path)
     return dropped
-
-
-# ----------------------------------------------------------------------------- the loop hook
-class CheckpointHook:
-    """A Setup hook (called after each step's metrics are written): saves every
-    run.checkpoint_every steps, after the last step, and when a stop was requested.
-
-    It also remembers the small part of the state that Phase A changes (RNGs, data cursor), so
-    that a crash before the step's first optimizer step (a reward function raising, an
-    out-of-memory in generation) can still be saved exactly as the step boundary (`save_on_error`).
-    """
-
-    def __init__(self, setup, run_dir: Path, loaded_from: Path | None = None):
-        self.setup = setup
-        self.run_dir = Path(run_dir)
-        self.root = self.run_dir / CHECKPOINTS
-        self.done = setup.start_step  # completed steps
-        self.last: Path | None = loaded_from
-        self.saved_step: int | None = setup.start_step if loaded_from is not None else None
-        self._mark_boundary()
-
-    def __call__(self, step: int, row: dict, *rest: Any) -> None:
-        self.done = step + 1
-        s = self.setup
-        every = s.cfg.run.checkpoint_every
-        if (every and self.done % every == 0) or self.done == s.cfg.train.steps or s.should_stop():
-            self.save()
-        self._mark_boundary()
-
-    def save(self) -> Path:
-        s = self.setup
-        flush = (self.run_dir / "metrics.jsonl", self.run_dir / "samples.jsonl")
-        self.last = save_checkpoint(s, self.root, self.done, s.cfg.run.keep_checkpoints,
-                                    reference_from=self.last, flush=flush)
-        self.saved_step = self.done
-        if s.progress is not None:
-            s.progress.log(f"saved checkpoint {self.last}")
-        return self.last
-
-    def _mark_boundary(self) -> None:
-        s = self.setup
-        self._boundary = (rng_state(), copy.deepcopy(s.prompts.state_dict()),
-                          s.consecutive_skips, copy.deepcopy(s.scheduler.state_dict()), _updates(s.optimizer))
-
-    def _back_to_boundary(self) -> bool:
-        """When the policy has not been updated since the step began, puts back what Phase A and
-        skipped optimizer steps changed (RNGs, data cursor, LR schedule, skip counter): the state
-        is then exactly the step boundary. Returns whether it did."""
-        s = self.setup
-        rng, data, skips, sched, updates = self._boundary
-        if _updates(s.optimizer) != updates:
-            return False
-        set_rng_state(rng)
-        s.prompts.load_state_dict(data)
-        s.scheduler.load_state_dict(sched)
-        s.consecutive_skips = skips
-        return True
-
-    def save_on_error(self) -> Path | None:
-        """After an exception inside a step (a reward function raising, out of memory in
-        generation): saves the step boundary when no update had happened in the step yet, so a
-        resumed run redoes that step exactly. Returns the checkpoint, or None when the update had
-        begun (half a step is not saved; the previous checkpoint stays the one to resume from)."""
-        if not self._back_to_boundary():
-            return None
-        existing = self.root / f"step-{self.done}"
-        return existing if is_complete(existing) else self.save()
-
-    def save_last_good(self) -> Path:
-        """After the numerics guard stopped the run inside a step: saves the last good state as
-        step-<completed steps>: the step boundary when the step made no update (the usual case),
-        else the weights of its last finite optimizer step. The skip counter is saved as 0, so a
-        resumed run (e.g. with a lower train.lr) gets train.max_skipped_steps fresh tries."""
-        self._back_to_boundary()
-        self.setup.consecutive_skips = 0
-        return self.save()
-
-
-def _updates(optimizer: torch.optim.Optimizer) -> int:
-    """How many parameter updates the optimizer has made (the sum of its per-parameter step counts)."""
-    return sum(int(st["step"]) for st in optimizer.state.values() if "step" in st)

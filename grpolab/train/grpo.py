@@ -51,7 +51,8 @@ def train(s: Setup) -> list[dict]:
         with st.timer("learn"):
             learn(s, ro, st)
         s.engine.load_weights(step + 1, s.parallel.full_state(s.policy))  # the next rollout samples π_new
-        record = StepRecord.merge(s.parallel.gather(StepRecord.of(ro, items, texts, scores)))  # every rank's groups
+        record = StepRecord.of(ro, items, texts, scores, st.notes)
+        record = StepRecord.merge(s.parallel.gather(record))  # every rank's groups, in rank order
         row = st.reduce(s.parallel).finish(record, s)
         s.after_step(step, row, record)
         rows.append(row)

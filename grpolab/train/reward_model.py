@@ -388,9 +388,13 @@ def score_stats(model, tokenizer, pairs: Sequence[PrefPair], *, max_pairs: int =
 def save_reward_model(model, tokenizer, out_dir: str | Path, *, info: dict[str, Any] | None = None) -> Path:
     """Writes an HF folder (config.json, model.safetensors, tokenizer files) plus RM_INFO_FILE
     (`append_eos` and `info`, e.g. score_mean/score_std). Written to a temporary folder, then
-    renamed; an existing `out_dir` is replaced only if it is empty or a reward-model folder."""
+    renamed; an existing `out_dir` is replaced only if it is empty, a reward-model folder, or holds
+    only the run.json of the command that claimed it (kept)."""
+    from grpolab.train.rundir import RUN_FILE
+
     out = Path(out_dir).expanduser()
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / RM_INFO_FILE).is_file())):
+    claimed_only = out.is_dir() and {p.name for p in out.iterdir()} <= {RUN_FILE}  # `grpolab rm` claimed it
+    if out.exists() and not claimed_only and (not out.is_dir() or not (out / RM_INFO_FILE).is_file()):
         raise FileExistsError(f"reward model output {out} exists and is not a reward-model folder; "
                               "choose another --out or remove it")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -400,6 +404,8 @@ def save_reward_model(model, tokenizer, out_dir: str | Path, *, info: dict[str, 
         tokenizer.save_pretrained(tmp)
         meta = {"append_eos": default_append_eos(tokenizer), **(info or {})}
         (tmp / RM_INFO_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        if (out / RUN_FILE).is_file():
+            shutil.copy2(out / RUN_FILE, tmp / RUN_FILE)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

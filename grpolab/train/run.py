@@ -8,6 +8,7 @@ graceful stop on SIGTERM/SIGINT (grpolab.train.signals).
 from __future__ import annotations
 
 import json
+import math
 import signal
 import sys
 import time
@@ -16,15 +17,21 @@ from pathlib import Path
 from grpolab import config as C
 from grpolab.report.metrics import MetricsLogger
 
+WARNINGS_FILE = "warnings.jsonl"
 
-def make_run_dir(cfg: C.Config, default_name: str = "grpo") -> Path:
-    """cfg.run.out_dir, or a new runs/<name>-<timestamp> folder."""
+
+def make_run_dir(cfg: C.Config, default_name: str = "grpo", *, command: str = "train", resume: bool = False,
+                 overwrite: bool = False) -> Path:
+    """cfg.run.out_dir, or a new runs/<name>-<timestamp> folder, claimed for `command`
+    (grpolab.train.rundir: a folder holding another run is refused unless resumed or overwritten)."""
+    from grpolab.train.rundir import claim
+
     if cfg.run.out_dir:
         path = Path(cfg.run.out_dir)
     else:
         path = Path("runs") / f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return claim(path, command, resume=resume, overwrite=overwrite,
+                 say=lambda msg: print(msg, file=sys.stderr))
 
 
 def write_config(cfg: C.Config, run_dir: Path) -> None:
@@ -62,6 +69,38 @@ class SamplesWriter:
                                     "completions": comps}) + "\n")
 
 
+class DegradedWarnings:
+    """A Setup hook: degraded behaviour of a step (a reward replaced after an error, optimizer steps
+    skipped for a non-finite loss) goes to RUN/warnings.jsonl and to the console, rate-limited: the
+    first at once, then at most one line per `interval_s` saying how many came in between."""
+
+    def __init__(self, run_dir: Path, interval_s: float = 30.0, stream=None):
+        self.path = run_dir / WARNINGS_FILE
+        self.interval_s, self.stream = interval_s, stream
+        self.unshown, self.shown_at = 0, -math.inf
+
+    def __call__(self, step, row, record) -> None:
+        notes = list(record.notes)
+        if row.get("skipped_steps"):
+            notes.append(f"{row['skipped_steps']} optimizer step(s) skipped: non-finite loss or gradient")
+        if not notes:
+            return
+        with self.path.open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps({"step": step, "message": n}) + "\n" for n in notes)
+        self.unshown += len(notes)
+        if time.monotonic() - self.shown_at >= self.interval_s:
+            self._say(f"step {step}: {notes[-1]}")
+
+    def _say(self, message: str) -> None:
+        more = f" (+{self.unshown - 1} more since the last warning; all in {self.path})" if self.unshown > 1 else ""
+        print(f"grpolab: warning: {message}{more}", file=self.stream or sys.stderr, flush=True)
+        self.unshown, self.shown_at = 0, time.monotonic()
+
+    def close(self) -> None:
+        if self.unshown:
+            self._say(f"{self.unshown} warning(s) not shown yet")
+
+
 def _jsonable(meta: dict) -> dict:
     out = {}
     for k, v in meta.items():
@@ -73,15 +112,25 @@ def _jsonable(meta: dict) -> dict:
     return out
 
 
-def attach_outputs(setup, run_dir: Path) -> MetricsLogger | None:
-    """Adds the metrics and samples writers to setup.hooks; returns the logger (close it at the end).
-    Only rank 0 writes them (None elsewhere)."""
-    if not setup.parallel.is_main:
-        return None
-    logger = MetricsLogger(run_dir, tensorboard=setup.cfg.run.tensorboard)
-    setup.hooks.append(lambda step, row, *rest: logger.log(row))
-    setup.hooks.append(SamplesWriter(run_dir, setup.cfg.run.samples_every))
-    return logger
+class Outputs:
+    """The run directory's per-step writers (metrics, samples, warnings); close() at the end."""
+
+    def __init__(self, setup, run_dir: Path):
+        self.logger = MetricsLogger(run_dir, tensorboard=setup.cfg.run.tensorboard)
+        self.warnings = DegradedWarnings(run_dir)
+        setup.hooks.append(lambda step, row, *rest: self.logger.log(row))
+        setup.hooks.append(SamplesWriter(run_dir, setup.cfg.run.samples_every))
+        setup.hooks.append(self.warnings)
+
+    def close(self) -> None:
+        self.logger.close()
+        self.warnings.close()
+
+
+def attach_outputs(setup, run_dir: Path) -> Outputs | None:
+    """Adds the metrics, samples and warnings writers to setup.hooks; returns them (close them at the
+    end). Only rank 0 writes them (None elsewhere)."""
+    return Outputs(setup, run_dir) if setup.parallel.is_main else None
 
 
 def write_eval(run_dir: Path, payload: dict) -> None:
@@ -100,6 +149,7 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
     """
     from grpolab.train import checkpoint as ck
     from grpolab.train import grpo
+    from grpolab.train.checkpoint_hook import CheckpointHook
     from grpolab.train.setup import TrainingStopped
     from grpolab.train.signals import StopSignal
 
@@ -109,13 +159,15 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
     if resume_from is not None:
         for change in ck.config_changes(resume_from, setup.cfg) if par.is_main else ():
             print(f"grpolab: warning: resuming with a changed config: {change}", file=sys.stderr)
-        ck.load_checkpoint(setup, resume_from)
+        ck.load_checkpoint(setup, resume_from, verify=False)  # resolve_resume verified its files
+        if par.is_main:
+            print(f"grpolab: resuming after step {setup.start_step} from {resume_from}", file=sys.stderr)
     if par.is_main:
-        for name in ("metrics.jsonl", "samples.jsonl"):
+        for name in ("metrics.jsonl", "samples.jsonl", WARNINGS_FILE):
             ck.truncate_jsonl(run_dir / name, setup.start_step)
     par.barrier()
-    logger = attach_outputs(setup, run_dir)
-    hook = ck.CheckpointHook(setup, run_dir, loaded_from=resume_from)
+    outputs = attach_outputs(setup, run_dir)
+    hook = CheckpointHook(setup, run_dir, loaded_from=resume_from)
     setup.hooks.append(hook)  # last: the step's metrics are written before its checkpoint
     try:
         with StopSignal() as stop:
@@ -135,8 +187,8 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
                   file=sys.stderr)
         raise
     finally:
-        if logger is not None:
-            logger.close()
+        if outputs is not None:
+            outputs.close()
         if setup.progress is not None:
             setup.progress.close()
     signum = int(par.reduce_floats([], [], [float(stop.signum if stop.requested else 0)])[2][0])  # any rank's
@@ -148,6 +200,10 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
                   f"steps; checkpoint {hook.last}. Continue with the same command plus --resume.", file=sys.stderr)
         return 128 + signum
     save_final(setup, run_dir / "final")
+    if par.is_main:
+        from grpolab.train.rundir import mark_finished
+
+        mark_finished(run_dir)
     return 0
 
 

@@ -6,7 +6,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
@@ -40,6 +40,9 @@ def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "
                                   "(set train.on_reward_error=zero or skip_group to continue past it)") from e
             st.reward_errors += 1
             fill = 0.0 if on_error == "zero" else math.nan
+            st.notes.append(f"reward {fn.name!r} raised {type(e).__name__}: {' '.join(str(e).split())[:200]} "
+                            f"(train.on_reward_error={on_error}: "
+                            f"{'scored 0' if on_error == 'zero' else 'abstained'} on this batch)")
             scores[fn.name] = torch.full((len(texts),), fill)
         weights[fn.name] = w
     return scores, combine(scores, weights)
@@ -73,12 +76,15 @@ class StepRecord:
     truncated: torch.Tensor
     """[N] bool."""
     group_size: int
+    notes: tuple[str, ...] = ()
+    """Degraded behaviour of the step (e.g. a reward that raised and was replaced), for the console."""
 
     @classmethod
-    def of(cls, ro, items, texts, scores: dict[str, torch.Tensor]) -> "StepRecord":
+    def of(cls, ro, items, texts, scores: dict[str, torch.Tensor], notes=()) -> "StepRecord":
         return cls(list(items), list(texts), {k: v.detach().cpu() for k, v in scores.items()},
                    ro.rewards.detach().cpu(), ro.advantages.detach().cpu(),
-                   ro.attention_mask[:, ro.prompt_len:].sum(-1).cpu(), ro.truncated.cpu(), ro.group_size)
+                   ro.attention_mask[:, ro.prompt_len:].sum(-1).cpu(), ro.truncated.cpu(), ro.group_size,
+                   tuple(notes))
 
     @classmethod
     def merge(cls, records: Sequence["StepRecord"]) -> "StepRecord":
@@ -88,7 +94,7 @@ class StepRecord:
         return cls([it for r in records for it in r.items], [t for r in records for t in r.texts],
                    {k: torch.cat([r.scores[k] for r in records]) for k in first.scores},
                    *(torch.cat([getattr(r, f) for r in records]) for f in ("rewards", "advantages", "lengths", "truncated")),
-                   first.group_size)
+                   first.group_size, tuple(n for r in records for n in r.notes))
 
 
 _SUMS = ("kl", "ratio", "clipped_low", "clipped_high", "entropy", "tokens")
@@ -108,6 +114,7 @@ class StepStats:
         self.reward_errors = 0
         self.learn_tokens = 0
         self.verifiers: list[str] = []  # score names of the verifier rewards, in config order
+        self.notes: list[str] = []  # degraded behaviour (a reward replaced after an error)
         self.t0 = time.perf_counter()
 
     @contextlib.contextmanager

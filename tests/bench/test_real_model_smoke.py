@@ -6,12 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("reasoning_gym")
 
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
-from grpolab.train.setup import build_setup
 
 _PATH = Path(__file__).resolve().parents[2] / "bench" / "real_model.py"
 _spec = importlib.util.spec_from_file_location("bench_real_model", _PATH)

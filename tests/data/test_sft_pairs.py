@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 from grpolab.cli import main
 from grpolab.data.sft_pairs import load_sft_pairs

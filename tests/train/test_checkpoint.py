@@ -19,6 +19,7 @@ from grpolab.data.arith import PromptItem
 from grpolab.data.stream import ListStream
 from grpolab.rewards.base import register_reward, reward_names
 from grpolab.train import checkpoint as ck
+from grpolab.train.checkpoint_hook import CheckpointHook
 from grpolab.train.run import train_in_run_dir
 from grpolab.train.setup import build_setup
 from grpolab.train.signals import StopSignal
@@ -219,8 +220,11 @@ def test_checkpoint_files_are_never_unpickled(tmp_path):
     target = path / "optimizer.pt"
     size = target.stat().st_size
     target.write_bytes(data + b"\0" * (size - len(data)))
-    with pytest.raises(ck.CheckpointError, match=r"optimizer\.pt cannot be read"):
+    with pytest.raises(ck.CheckpointError, match=r"optimizer\.pt is damaged \(its content does not match the SHA-256"):
         ck.load_checkpoint(build_setup(_cfg("train.steps=1")), path)
+    # past the hash check too (verify=False), the file is read without unpickling
+    with pytest.raises(ck.CheckpointError, match=r"optimizer\.pt cannot be read"):
+        ck.load_checkpoint(build_setup(_cfg("train.steps=1")), path, verify=False)
     assert not (tmp_path / "pwned").exists()
 
 
@@ -254,7 +258,7 @@ def test_stop_signal_sets_a_flag_then_a_second_one_interrupts():
 def test_a_signal_after_the_step_hook_looked_still_saves_that_step(tmp_path, monkeypatch, capsys):
     """The race of a SIGTERM landing after the checkpoint hook checked for a stop but before the
     loop did: the loop ends, and the completed step is saved all the same."""
-    real_call = ck.CheckpointHook.__call__
+    real_call = CheckpointHook.__call__
 
     def call_then_signal(self, step, *rest):
         real_call(self, step, *rest)
@@ -262,7 +266,7 @@ def test_a_signal_after_the_step_hook_looked_still_saves_that_step(tmp_path, mon
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.05)
 
-    monkeypatch.setattr(ck.CheckpointHook, "__call__", call_then_signal)
+    monkeypatch.setattr(CheckpointHook, "__call__", call_then_signal)
     s = build_setup(_cfg("train.steps=5", "run.checkpoint_every=0"))
     assert train_in_run_dir(s, tmp_path) == 128 + signal.SIGTERM
     assert [p.name for p in ck.complete_checkpoints(tmp_path / "checkpoints")] == ["step-2"]

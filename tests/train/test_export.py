@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from grpolab.cli import main
 PROMPTS = ["12+7=", "3-1=", "45+45=", "9/0="]
 
 
-def _train(tmp_path, *overrides) -> "Path":
+def _train(tmp_path, *overrides) -> Path:
     out = tmp_path / "run"
     code = main(["train", "grpo", "train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=2",
                  "train.minibatch_size=8", "train.microbatch_size=8", "model.hidden_size=32", "model.num_layers=2",

@@ -1,6 +1,5 @@
 """The GRPO loop on a tiny random model: Phase A/B invariants and microbatch invariance."""
 
-import copy
 
 import pytest
 from functools import partial

@@ -1,0 +1,93 @@
+"""Run directories are never overwritten: a command claims its folder first.
+
+A folder holds a run when it has any of a run's files (run.json, config.yaml, metrics.jsonl,
+checkpoints/, final/, eval.json, grpolab_rm.json). Claiming such a folder is refused unless the
+command continues that run (`--resume`, same command) or was given `--overwrite`, which moves the
+old run aside (`DIR.old-<time>`), never deletes it. `run.json` records the command and whether the
+run finished, independent of its checkpoints:
+
+    {"command": "train", "status": "running" | "finished", "started": "...", "finished": "..."}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from grpolab.errors import ConfigError
+
+RUN_FILE = "run.json"
+RUN_MARKERS = (RUN_FILE, "config.yaml", "metrics.jsonl", "checkpoints", "final", "eval.json", "grpolab_rm.json")
+
+
+def holds_run(path: Path) -> bool:
+    return path.is_dir() and any((path / name).exists() for name in RUN_MARKERS)
+
+
+def read_run(path: Path) -> dict:
+    """run.json of `path` ({} when it has none or it is unreadable)."""
+    try:
+        info = json.loads((path / RUN_FILE).read_text())
+        return info if isinstance(info, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _describe(path: Path) -> str:
+    info = read_run(path)
+    command = info.get("command", "grpolab")
+    status = info.get("status") or ("finished" if (path / "final").exists() else "unfinished")
+    article = "an" if status[0] in "aeiou" else "a"
+    steps = [p.name for p in (path / "checkpoints").glob("step-*") if p.name[5:].isdigit()]
+    latest = f" (checkpoints up to {max(steps, key=lambda n: int(n[5:]))})" if steps else ""
+    return f"{article} {status} {command} run{latest}"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _write(path: Path, info: dict) -> None:
+    tmp = path / (RUN_FILE + ".tmp")
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, path / RUN_FILE)
+
+
+def move_aside(path: Path) -> Path:
+    """Renames the run at `path` to `path.old-<time>[-n]` (nothing is deleted); returns the new name."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        dest = path.with_name(f"{path.name}.old-{stamp}" + (f"-{n}" if n else ""))
+        if not dest.exists():
+            os.rename(path, dest)
+            return dest
+    raise ConfigError(f"cannot move {path} aside: too many {path.name}.old-{stamp}* folders")
+
+
+def claim(path: Path, command: str, *, resume: bool = False, overwrite: bool = False,
+          field: str = "run.out_dir", say=print) -> Path:
+    """Makes `path` the folder of a new (or, with `resume`, continued) `command` run and records it
+    in run.json; refuses a folder holding another run (ConfigError naming `field` and the ways out)."""
+    path = Path(path)
+    if holds_run(path):
+        previous = read_run(path).get("command")
+        if overwrite:
+            say(f"grpolab: moved the run that was in {path} to {move_aside(path)}")
+        elif not resume:
+            how = "add --resume to continue it, " if command == "train" else ""
+            raise ConfigError(f"{field}={str(path)!r} already holds {_describe(path)}; {how}add --overwrite to move "
+                              "it aside (nothing is deleted), or choose another folder")
+        elif previous not in (None, command):
+            raise ConfigError(f"{field}={str(path)!r} holds {_describe(path)}, which `grpolab {command} --resume` "
+                              "cannot continue; choose another folder (or --overwrite to move it aside)")
+    path.mkdir(parents=True, exist_ok=True)
+    info = read_run(path) if resume else {}
+    _write(path, {**info, "command": command, "status": "running", "started": info.get("started", _now())})
+    return path
+
+
+def mark_finished(path: Path) -> None:
+    """Records in run.json that the run at `path` finished."""
+    _write(path, {**read_run(path), "status": "finished", "finished": _now()})

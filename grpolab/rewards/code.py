@@ -99,14 +99,15 @@ class CodeTests:
     verifier = True
 
     def __init__(self, timeout_s: float = 5.0, memory_mb: int = 512, max_procs: int = 32,
-                 max_workers: int = 2, isolation: str = "auto", python: str | None = None):
+                 max_workers: int = 2, isolation: str = "auto", python: str | None = None,
+                 disk_quota_mb: int = 64):
         if not isinstance(max_workers, int) or isinstance(max_workers, bool) or max_workers < 1:
             raise ValueError(f"reward 'code_tests': max_workers must be an int >= 1, got {max_workers!r}")
-        check_limits(timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs)
+        check_limits(timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs, disk_quota_mb=disk_quota_mb)
         sandbox_info(isolation, python)  # fail at setup, not at the first reward: SandboxUnavailable
         self.max_workers = max_workers
         self.limits = dict(timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs,
-                           isolation=isolation, python=python)
+                           disk_quota_mb=disk_quota_mb, isolation=isolation, python=python)
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str],
                  metadata: Sequence[dict[str, Any]]) -> list[float | None]:

@@ -2,7 +2,8 @@
 
 `run_sandboxed(code)` writes the code to a fresh `tempfile.mkdtemp()` directory, runs it with
 `python -I` (isolated mode: no PYTHONPATH, no user site-packages, no script dir on sys.path) and
-returns a `SandboxResult`; the directory is deleted afterwards. What contains the code:
+returns a `SandboxResult`; the directory is deleted afterwards (in namespace mode the code runs from
+a copy in its private tmpfs, below). What contains the code:
 
 - **An unprivileged user.** Each run gets a random uid (= gid) that owns nothing, from
   SANDBOX_UIDS (65,536 ids in 0x70000000.., a range systemd leaves unused), with no supplementary
@@ -15,31 +16,47 @@ returns a `SandboxResult`; the directory is deleted afterwards. What contains th
   PYTHONPATH) reach the child.
 - **Kernel resource limits**, set before the model's code runs, which it cannot raise:
   RLIMIT_AS (memory_mb), RLIMIT_CPU (cpu_s), RLIMIT_NPROC (max_procs: fork bombs; enforced because
-  the uid is not root), RLIMIT_FSIZE (file_size_mb: files and the captured output), RLIMIT_NOFILE,
-  RLIMIT_CORE = 0.
+  the uid is not root), RLIMIT_FSIZE (file_size_mb: each file, and the captured output),
+  RLIMIT_NOFILE, RLIMIT_CORE = 0.
 - **A wall-clock timeout**, after which all the run's processes are SIGKILLed. Should the training
   process die mid-run, an alarm inside the sandbox ends it one second after its deadline
   (namespace mode: the whole namespace; setuid mode: the main process, and the code may cancel it).
 - **Bounded output.** stdout/stderr go to unlinked temporary files capped by RLIMIT_FSIZE; the
-  result keeps at most `max_output_bytes` of each (head and tail).
+  result keeps at most `max_output_bytes` of each (head and tail). stdin is an unlinked file open
+  read-only.
 
 Two isolation modes; both need root, to switch uid. Without root `run_sandboxed` raises
 SandboxUnavailable rather than run model code as the training user.
 
-- `"namespace"` (preferred; used when `unshare` from util-linux works): `unshare --net --pid` gives
-  the child an empty network namespace (no interface is up, not even loopback: every connect
-  fails) and its own PID namespace: the parent's PID is not visible, and after the run the
+- `"namespace"` (preferred; used when `unshare` from util-linux works and mounts can be made):
+  `unshare --net --pid --ipc --mount-proc` gives the child an empty network namespace (no interface
+  is up, not even loopback: every connect fails), its own PID namespace with its own /proc (only
+  the run's processes are visible: not the parent, not other processes' command lines), its own
+  IPC namespace (SysV shared memory and message queues die with it) and a private mount namespace,
+  in which sandbox_setup.py, as root, before switching to the sandbox uid:
+  makes every mount of the host read-only (nothing of the host's file system is writable, whatever
+  its permissions) and mounts a tmpfs of `disk_quota_mb` (default 64 MB; inodes capped too) over
+  /tmp, holding the run directory (/tmp/grpolab-sandbox-XXX, its cwd work/ in it) and bind-mounted
+  over /var/tmp and /dev/shm. That tmpfs is the run's total disk quota (a write past it fails with
+  ENOSPC and the result's reason says "disk quota of N MB exceeded"); the host's /tmp is hidden,
+  and the tmpfs, files and all, is gone with the namespace at the end of the run. After the run the
   namespace's processes are killed, including any that left the process group with setsid. Its
   PID 1 is a bare supervisor (PID 1 ignores unhandled signals, RLIMIT_CPU's among them); the code
   runs in its child, so its exit status 128 + N is reported as "killed by signal N".
-- `"setuid"` (fallback, e.g. a container without CAP_SYS_ADMIN): the same user and limits, but the
-  network is blocked in-process only (the socket module raises; code that goes around it, or a
-  subprocess such as curl, can still connect). Leftover processes are found after the run by uid
-  and a per-run environment token and killed; their zombies go to PID 1 (or to this process when
-  it is PID 1 of a container, which then reaps them).
+- `"setuid"` (fallback, e.g. a container without CAP_SYS_ADMIN, or where mounts are refused): the
+  same user and limits, but much is NOT contained (NOT_CONTAINED["setuid"], also in
+  `sandbox_info()["not_contained"]`; "auto" logs a warning when it falls back to it): the network
+  is blocked in-process only (the socket module raises; code that goes around it, or a subprocess
+  such as curl, can still connect); there is no disk quota (disk_quota_mb is not enforced) and no
+  private /tmp: the host's world-writable directories (/tmp, /var/tmp, /dev/shm) are writable, up
+  to file_size_mb per file, and files left there outlive the run; /proc is the host's (other
+  processes' command lines are readable); SysV IPC objects outlive the run. Leftover processes are
+  found after the run by uid and a per-run environment token and killed; their zombies go to PID 1
+  (or to this process when it is PID 1 of a container, which then reaps them). Pass
+  isolation="namespace" to refuse (SandboxUnavailable) rather than fall back.
 
-Not contained in either mode: world-writable directories (/tmp, /dev/shm) are writable by the
-sandbox uid (files left there survive the run), and world-readable files are readable.
+Not contained in either mode: world-readable files of the host are readable (read-only in
+namespace mode).
 
 The interpreter: sys.executable when the sandbox uid can run it, else the system `python3` (e.g.
 a pyenv Python under /root, which others cannot enter); set GRPOLAB_SANDBOX_PYTHON or pass
@@ -51,6 +68,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import secrets
@@ -65,11 +83,27 @@ from typing import IO
 
 from grpolab.rewards.sandbox_procs import ACTIVE, ACTIVE_LOCK, TOKEN_VAR, kill_namespace, kill_tagged, reap_orphans, wait_unreaped
 
+log = logging.getLogger(__name__)
+
 SANDBOX_UIDS = range(0x70000000, 0x70000000 + 0x10000)  # one random uid (= gid) per run
 FALLBACK_UIDS = range(65534, 65535)  # "nobody", where SANDBOX_UIDS are not mapped
 MODES = ("namespace", "setuid")
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 _SIGNALS = {int(s) for s in signal.Signals}
+_SETUP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_setup.py")
+NOT_CONTAINED = {
+    "namespace": (),
+    "setuid": (
+        ("network: blocked in-process only (the socket module); code that goes around it, or a "
+         "subprocess such as curl, can still connect"),
+        ("disk: no total quota (disk_quota_mb is not enforced) and no private temporary directory: "
+         "world-writable directories of the host (/tmp, /var/tmp, /dev/shm, ...) are writable, up to "
+         "file_size_mb per file, and what is left there outlives the run"),
+        "/proc: the host's, so other processes and their command lines are visible",
+        "SysV IPC: shared memory segments and message queues outlive the run",
+    ),
+}
+"""What each isolation mode leaves uncontained (also in sandbox_info()["not_contained"])."""
 
 # Runs inside the sandbox, already as the sandbox uid: sets the limits, then runs the code.
 _RUNNER = r'''
@@ -165,6 +199,7 @@ def run_sandboxed(
     max_procs: int = 32,
     stdin: str | bytes | None = None,
     file_size_mb: int = 16,
+    disk_quota_mb: int = 64,
     max_output_bytes: int = 64 * 1024,
     isolation: str = "auto",
     python: str | None = None,
@@ -173,12 +208,15 @@ def run_sandboxed(
 
     timeout_s: wall clock, startup included. memory_mb: address-space limit. cpu_s: CPU seconds per
     process (default: the timeout rounded up, plus 1). max_procs: processes and threads of the run
-    at once. stdin: fed to the program (default: empty). isolation: "auto" (namespace if it works,
-    else setuid), "namespace" or "setuid". python: the sandbox interpreter (default: see module doc).
+    at once. stdin: fed to the program (default: empty). file_size_mb: the largest file (and captured
+    output stream). disk_quota_mb: all files together, in the run's private tmpfs (namespace mode
+    only; the result's reason says "disk quota of N MB exceeded" when the code ran out). isolation:
+    "auto" (namespace if it works, else setuid, with a logged warning), "namespace" (refuses rather
+    than fall back) or "setuid". python: the sandbox interpreter (default: see module doc).
     Raises ValueError for a bad argument, SandboxUnavailable when code cannot be run safely here.
     """
     check_limits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s, max_procs=max_procs,
-                file_size_mb=file_size_mb, max_output_bytes=max_output_bytes)
+                file_size_mb=file_size_mb, disk_quota_mb=disk_quota_mb, max_output_bytes=max_output_bytes)
     if not isinstance(code, str):
         raise ValueError(f"run_sandboxed: code must be a str, got {type(code).__name__}")
     launcher = _resolve(isolation, python)
@@ -193,13 +231,16 @@ def run_sandboxed(
         "RLIMIT_CORE": (0, 0),
     }
     data = stdin.encode() if isinstance(stdin, str) else stdin
-    return _run(launcher, code, limits, timeout_s, data, max_output_bytes)
+    return _run(launcher, code, limits, timeout_s, data, max_output_bytes, disk_quota_mb)
 
 
 def sandbox_info(isolation: str = "auto", python: str | None = None) -> dict[str, object]:
-    """The isolation mode, interpreter and uid range `run_sandboxed` would use (SandboxUnavailable if none)."""
+    """The isolation mode, interpreter and uid range `run_sandboxed` would use (SandboxUnavailable if
+    none); disk_quota: whether disk_quota_mb is enforced; not_contained: what the mode leaves open
+    (empty in namespace mode; see NOT_CONTAINED)."""
     launcher = _resolve(isolation, python)
-    return {"mode": launcher.mode, "python": launcher.python, "uids": launcher.uids}
+    return {"mode": launcher.mode, "python": launcher.python, "uids": launcher.uids,
+            "disk_quota": launcher.mode == "namespace", "not_contained": list(NOT_CONTAINED[launcher.mode])}
 
 
 def check_limits(**limits: float | None) -> None:
@@ -219,19 +260,19 @@ def _run(
     timeout_s: float,
     stdin: bytes | None,
     max_output_bytes: int,
+    disk_quota_mb: int = 64,
 ) -> SandboxResult:
     uid = launcher.uids[secrets.randbelow(len(launcher.uids))]
     token = secrets.token_hex(16)
     base = tempfile.mkdtemp(prefix="grpolab-sandbox-")
     try:
-        work, argv = _prepare(base, uid, code, limits, launcher, deadline_s=math.ceil(timeout_s) + 1)
+        work, argv = _prepare(base, uid, code, limits, launcher, math.ceil(timeout_s) + 1, disk_quota_mb)
         env = {"PATH": _PATH, "HOME": work, "TMPDIR": work, "USER": "sandbox", "LANG": "C.UTF-8", TOKEN_VAR: token}
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp:
-            inp.write(stdin or b"")
-            inp.seek(0)
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, _read_only_file(stdin or b"") as inp:
             t0 = time.monotonic()
             with ACTIVE_LOCK:
-                proc = _spawn(launcher, uid, argv, cwd=work, env=env, stdin=inp, stdout=out, stderr=err)
+                cwd = work if launcher.mode == "setuid" else base  # namespace: sandbox_setup.py enters work/
+                proc = _spawn(launcher, uid, argv, cwd=cwd, env=env, stdin=inp, stdout=out, stderr=err)
                 ACTIVE.add(proc.pid)
             returncode = None
             try:
@@ -250,32 +291,43 @@ def _run(
         shutil.rmtree(base, ignore_errors=True)
     return SandboxResult(
         returncode=returncode, timed_out=timed_out, stdout=stdout, stderr=stderr,
-        truncated=cut_out or cut_err, wall_s=wall, reason=_reason(returncode, timed_out, timeout_s, stderr),
+        truncated=cut_out or cut_err, wall_s=wall,
+        reason=_reason(returncode, timed_out, timeout_s, stderr, disk_quota_mb if launcher.mode == "namespace" else None),
     )
 
 
 def _prepare(base: str, uid: int, code: str, limits: dict[str, tuple[int, int]], launcher: _Launcher,
-             deadline_s: int) -> tuple[str, list[str]]:
-    """Fills the run directory: runner.py and main.py (root's, read-only) and work/ (the sandbox
-    uid's, its cwd). Returns (work dir, the interpreter's argv)."""
+             deadline_s: int, disk_quota_mb: int) -> tuple[str, list[str]]:
+    """Fills the run directory: runner.py and main.py (root's, read-only) and, in setuid mode, work/
+    (the sandbox uid's, its cwd). Returns (work dir as the code sees it, the argv to run).
+
+    Namespace mode runs sandbox_setup.py as root in the new namespaces: it copies runner.py and
+    main.py into the run's tmpfs, at /tmp/<basename of base>/, and makes work/ there."""
     os.chmod(base, 0o711)  # the sandbox uid may enter it but not list it
-    work = os.path.join(base, "work")
-    os.mkdir(work, 0o700)
-    os.chown(work, uid, uid)
-    runner, program = os.path.join(base, "runner.py"), os.path.join(base, "main.py")
-    for path, text in ((runner, _RUNNER), (program, code)):
-        with open(path, "w", encoding="utf-8") as f:
+    for name, text in (("runner.py", _RUNNER), ("main.py", code)):
+        with open(os.path.join(base, name), "w", encoding="utf-8") as f:
             f.write(text)
-        os.chmod(path, 0o644)
-    cfg = {"program": program, "limits": limits, "block_network": launcher.mode == "setuid", "deadline_s": deadline_s}
-    return work, [launcher.python, "-I", "-B", runner, json.dumps(cfg)]
+        os.chmod(os.path.join(base, name), 0o644)
+    inside = base if launcher.mode == "setuid" else os.path.join("/tmp", os.path.basename(base))
+    cfg = {"program": os.path.join(inside, "main.py"), "limits": limits,
+           "block_network": launcher.mode == "setuid", "deadline_s": deadline_s}
+    work = os.path.join(inside, "work")
+    if launcher.mode == "setuid":
+        os.mkdir(work, 0o700)
+        os.chown(work, uid, uid)
+        return work, [launcher.python, "-I", "-B", os.path.join(base, "runner.py"), json.dumps(cfg)]
+    setup = {"host_dir": base, "name": os.path.basename(base), "uid": uid, "python": launcher.python,
+             "quota_bytes": disk_quota_mb * 2**20, "runner": cfg}
+    return work, [launcher.python, "-I", "-B", "-S", _SETUP, json.dumps(setup)]
 
 
 def _spawn(launcher: _Launcher, uid: int, argv: list[str], **kwargs) -> subprocess.Popen:
-    """Starts the child in a new session. The uid switch is done by unshare (namespace mode) or by
-    Popen's user/group arguments (setuid mode): no preexec_fn, so it is safe from threads."""
+    """Starts the child in a new session. The uid switch is done by sandbox_setup.py (namespace
+    mode, after it has built the mounts) or by Popen's user/group arguments (setuid mode): no
+    preexec_fn, so it is safe from threads."""
     if launcher.mode == "namespace":
-        argv = [launcher.unshare, "--net", "--pid", "--fork", f"--setuid={uid}", f"--setgid={uid}", "--", *argv]
+        argv = [launcher.unshare, "--net", "--pid", "--ipc", "--fork", "--mount-proc", "--propagation", "private",
+                "--", *argv]
         return subprocess.Popen(argv, start_new_session=True, **kwargs)
     return subprocess.Popen(argv, start_new_session=True, user=uid, group=uid, extra_groups=[], **kwargs)
 
@@ -297,6 +349,18 @@ def _stop(launcher: _Launcher, proc: subprocess.Popen, uid: int, token: str) -> 
         reap_orphans(launcher.uids)
 
 
+def _read_only_file(data: bytes) -> IO[bytes]:
+    """An unlinked file holding `data`, open read-only: the child's stdin, which must not give it a
+    writable file on the host's disk."""
+    fd, path = tempfile.mkstemp(prefix="grpolab-sandbox-stdin-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return open(path, "rb")
+    finally:
+        os.unlink(path)
+
+
 def _read_capped(f: IO[bytes], cap: int) -> tuple[str, bool]:
     """Head and tail of a captured stream, at most `cap` bytes in all. Returns (text, was_cut)."""
     size = f.seek(0, os.SEEK_END)
@@ -310,11 +374,14 @@ def _read_capped(f: IO[bytes], cap: int) -> tuple[str, bool]:
     return text + tail.decode("utf-8", errors="replace"), True
 
 
-def _reason(returncode: int, timed_out: bool, timeout_s: float, stderr: str) -> str:
+def _reason(returncode: int, timed_out: bool, timeout_s: float, stderr: str, quota_mb: int | None = None) -> str:
+    """A short summary of the run; quota_mb: the disk quota, when one was enforced (namespace mode)."""
     if timed_out:
         return f"timed out after {timeout_s:g} s"
     if returncode == 0:
         return "ok"
+    if quota_mb is not None and "No space left on device" in stderr:  # ENOSPC: only the run's tmpfs is writable
+        return f"disk quota of {quota_mb:g} MB exceeded ({_reason(returncode, False, timeout_s, stderr)})"
     if returncode < 0:
         try:
             return f"killed by {signal.Signals(-returncode).name}"
@@ -353,6 +420,9 @@ def _resolve(isolation: str, python: str | None) -> _Launcher:
                 tried.append(f"{mode} with {interp}: {e}")
                 continue
             if res.passed and res.stdout.strip() == "sandbox-ok":
+                if isolation == "auto" and mode != MODES[0]:
+                    log.warning("code sandbox: isolation %r, the fallback (%s); not contained: %s", mode,
+                                "; ".join(tried), "; ".join(NOT_CONTAINED[mode]))
                 return launcher
             tried.append(f"{mode} with {interp}: {res.reason}; {res.stderr.strip()[:200]}")
     raise SandboxUnavailable("no working code sandbox; tried:\n  " + "\n  ".join(tried))

@@ -190,6 +190,10 @@ def _eval(args) -> int:
 
 
 def _report(args) -> int:
+    return _named_errors(_report_run, args)
+
+
+def _report_run(args) -> int:
     from grpolab.report.html import write_report
 
     print(write_report(args.run_dir))

@@ -168,7 +168,7 @@ def load_yaml(path: str, overrides: list[str], config_cls, presets: dict[str, di
         raise _err(f"{path}:1: the config must be a mapping of sections (model:, rollout:, ...)")
     lines = _key_lines(text)
     preset = data.get("preset", "grpo")
-    if preset not in presets:
+    if not isinstance(preset, str) or preset not in presets:
         raise _err(f"{path}:{lines.get('preset', 1)}: preset: unknown preset {preset!r}; choose one of {', '.join(presets)}")
     base = apply_overrides(config_cls(preset=preset), override_strings(presets[preset]))
     cfg = build(config_cls, _merge(dataclasses.asdict(base), data), "", lines, path)

@@ -98,9 +98,13 @@ def row_to_item(row: Any, where: str, opts: RenderOptions) -> PromptItem:
         text = render_prompt(content, opts)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    if opts.max_prompt_tokens is not None:
-        n = len(opts.tokenizer(text, add_special_tokens=False)["input_ids"])
-        if n > opts.max_prompt_tokens:
+    if opts.tokenizer is not None:
+        try:
+            n = len(opts.tokenizer(text, add_special_tokens=False)["input_ids"])
+        except Exception as e:  # noqa: BLE001 - tokenizers raise their own types (e.g. a missing [UNK])
+            raise ValueError(f"{where}: the model's tokenizer cannot encode this prompt ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:200]}); text: {text[:80]!r}") from None
+        if opts.max_prompt_tokens is not None and n > opts.max_prompt_tokens:
             raise ValueError(
                 f"{where}: the prompt is {n} tokens long, more than max_prompt_tokens={opts.max_prompt_tokens}"
             )

@@ -110,7 +110,8 @@ class MetricsLogger:
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yields (line_number, object) for each non-blank line; a bad line raises ValueError
-    naming `file:line`."""
+    naming `file:line`, except a last line cut short (no newline: a run killed while writing it),
+    which is left out."""
     path = Path(path)
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -119,6 +120,9 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
+                if not line.endswith("\n"):  # only the last line can lack its newline
+                    return
+
                 raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}): "
                                  f"{line.strip()[:120]}") from None
             if not isinstance(obj, dict):

@@ -1,7 +1,7 @@
 """Run directories are never overwritten: a command claims its folder first.
 
-A folder holds a run when it has any of a run's files (run.json, config.yaml, metrics.jsonl,
-checkpoints/, final/, eval.json, grpolab_rm.json). Claiming such a folder is refused unless the
+A folder holds a run when it has results worth keeping (`holds_run`: logged steps, checkpoints,
+final/, eval.json, a reward model, or a run recorded as finished). Claiming such a folder is refused unless the
 command continues that run (`--resume`, same command) or was given `--overwrite`, which moves the
 old run aside (`DIR.old-<time>`), never deletes it. `run.json` records the command and whether the
 run finished, independent of its checkpoints:
@@ -23,7 +23,18 @@ RUN_MARKERS = (RUN_FILE, "config.yaml", "metrics.jsonl", "checkpoints", "final",
 
 
 def holds_run(path: Path) -> bool:
-    return path.is_dir() and any((path / name).exists() for name in RUN_MARKERS)
+    """Whether `path` holds results worth keeping: logged steps, checkpoints, a model, an evaluation,
+    or a run recorded as finished (a run that failed before its first step leaves only run.json and
+    config.yaml, and its folder can be used again)."""
+    if not path.is_dir():
+        return False
+    metrics = path / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        return True
+    if any((path / "checkpoints").glob("step-*")) or read_run(path).get("status") == "finished":
+        return True
+    return any((path / name).exists() for name in RUN_MARKERS if name not in (RUN_FILE, "config.yaml",
+                                                                              "metrics.jsonl", "checkpoints"))
 
 
 def read_run(path: Path) -> dict:

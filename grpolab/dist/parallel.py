@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 import torch
@@ -138,11 +139,27 @@ class Parallel:
         of their gradients (each rank's loss already divides by the global normalizer)."""
         (loss * self.world_size if self.active else loss).backward()
 
-    def full_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """The policy's full state dict on every rank (an all-gather with FSDP2; the module's own
-        tensors otherwise): what the rollout engine loads and what final/ is written from."""
+    def full_state(self, model: torch.nn.Module) -> Mapping[str, torch.Tensor]:
+        """The policy's full weights on every rank, for the rollout engine: the module's own tensors,
+        or with FSDP2 a mapping that all-gathers one tensor at a time as it is read (every rank must
+        read it, in the same order: a collective per tensor), so no second full copy is ever held."""
         if not self.shards_parameters:
             return model.state_dict()
-        from grpolab.dist.checkpoint import full_state_dict
+        return _Gathered(model.state_dict())
 
-        return full_state_dict(model)
+
+class _Gathered(Mapping):
+    """A sharded state dict read as full tensors, one all-gather per item read (FSDP2)."""
+
+    def __init__(self, sharded: dict):
+        self._sharded = sharded
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        value = self._sharded[key]
+        return value.full_tensor() if hasattr(value, "full_tensor") else value
+
+    def __iter__(self):
+        return iter(self._sharded)
+
+    def __len__(self) -> int:
+        return len(self._sharded)

@@ -73,12 +73,20 @@ class HFEngine:
 
     def load_weights(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
         """`Engine.load_weights`. The engine samples from the trainer's policy itself, whose state
-        `state` normally is (then only the version is recorded); other tensors are copied in."""
-        own = self.model.state_dict() if self.model is not None else {}
-        if any(k not in own or own[k].data_ptr() != v.data_ptr() for k, v in state.items()):
-            if self.model is None:
-                raise ValueError("HFEngine.load_weights: no model to load the weights into")
-            self.model.load_state_dict(state)
+        `state` normally is (then only the version is recorded); other tensors are copied in, one
+        item at a time as `state` yields them (an FSDP2 policy's full weights are gathered lazily)."""
+        if self.model is None:
+            raise ValueError("HFEngine.load_weights: no model to load the weights into")
+        own = self.model.state_dict()
+        unknown = [k for k in state if k not in own]
+        if unknown or len(state) != len(own):
+            raise ValueError(f"HFEngine.load_weights: the weights do not fit the engine's model (unknown: "
+                             f"{unknown[:5]}, {len(state)} tensors for {len(own)})")
+        with torch.no_grad():
+            for key in state:
+                value = state[key]
+                if value.data_ptr() != own[key].data_ptr():
+                    own[key].copy_(value)
         self.weight_version = version
 
     def encode_prompts(self, prompts: Sequence[str], device) -> tuple[torch.Tensor, torch.Tensor]:

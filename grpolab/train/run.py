@@ -210,7 +210,11 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
 def save_final(setup, folder: Path) -> None:
     """The trained policy as a transformers folder (weights gathered from every rank with FSDP2),
     with its tokenizer; written by rank 0."""
-    state = setup.parallel.full_state(setup.policy) if setup.parallel.shards_parameters else None
+    state = None
+    if setup.parallel.shards_parameters:  # gathered on every rank (a collective), written by rank 0
+        from grpolab.dist.checkpoint import full_state_dict
+
+        state = full_state_dict(setup.policy)
     if setup.parallel.is_main:
         setup.policy.save_pretrained(folder, state_dict=state)
         setup.tokenizer.save_pretrained(folder)

@@ -242,6 +242,7 @@ FIXED_CHOICES: dict[str, tuple] = {
     "train.on_reward_error": ("raise", "zero", "skip_group"),
     "train.parallel": ("ddp", "fsdp2"),
     "data.chat_template": ("auto", True, False),
+    "loss.multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),  # TRL's values
 }
 
 SFT_POLICY_LOSS = "sft"
@@ -375,6 +376,24 @@ def _check_ranges(cfg) -> None:
         raise _err(f"train.lr={t.lr} must be > 0")
     if lo.dual_clip is not None and lo.dual_clip <= 1:
         raise _err(f"loss.dual_clip={lo.dual_clip} must be > 1 (typically 3), or null to turn it off")
+    _check_loss_options(cfg)
+
+
+def _check_loss_options(cfg) -> None:
+    """The options of single loss variants: CISPO's cap, SAPO's temperatures, KL in the reward,
+    normalize-then-sum."""
+    lo = cfg.loss
+    positive = {"loss.cispo_ratio_max": lo.cispo_ratio_max, "loss.sapo_temperature_pos": lo.sapo_temperature_pos,
+                "loss.sapo_temperature_neg": lo.sapo_temperature_neg}
+    for name, v in positive.items():
+        if not v > 0:
+            raise _err(f"{name}={v} must be > 0")
+    if lo.kl_in_reward and not lo.kl_coef > 0:
+        raise _err("loss.kl_in_reward=true subtracts loss.kl_coef × KL(π_old ‖ π_ref) from the rewards, but "
+                   "loss.kl_coef=0 (no reference model); set loss.kl_coef > 0 (e.g. 0.001) or loss.kl_in_reward=false")
+    if lo.multi_objective_aggregation == "normalize_then_sum" and cfg.rollout.group_size < 2:
+        raise _err(f"loss.multi_objective_aggregation='normalize_then_sum' normalizes each reward within its group, "
+                   f"but rollout.group_size={cfg.rollout.group_size}; set rollout.group_size ≥ 2 or use sum_then_normalize")
 
 
 def _check_sizes(cfg) -> None:

@@ -3,11 +3,13 @@
 Shapes: N sequences, L completion positions. `loss_mask` [N, L] bool, True = this token counts.
 Per-token functions return [N, L] tensors; `aggregate` turns them into the scalar of one
 microbatch, divided by a normalizer computed once for the whole minibatch (`agg_normalizer`), so
-the gradient summed over microbatches (and data-parallel ranks) equals the whole minibatch's.
+the gradient summed over microbatches (and data-parallel ranks) equals the whole minibatch's —
+for every mode but TRL's bnpo, which divides each microbatch by its own token count on purpose
+(`Aggregation.per_microbatch`).
 
 The variants are registries, chosen once at setup by their config name: POLICY_LOSSES
-(loss.policy_loss), KL_ESTIMATORS (loss.kl_estimator), AGGREGATIONS (loss.loss_agg). Adding a
-variant means adding one entry there; config validation and the config reference read the keys.
+(loss.policy_loss), KL_ESTIMATORS (loss.kl_estimator, in algo/kl.py), AGGREGATIONS (loss.loss_agg).
+Adding a variant means adding one entry there; config validation and the config reference read the keys.
 
 Statistics are returned as detached tensors; only the training loop calls `.item()`.
 """
@@ -20,9 +22,19 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-# log(pi/pi_old) and log(ref/pi) are clamped to ±LOG_RATIO_CLAMP before exp (verl clamps the
-# log-ratio at ±20 the same way): exp(20) ≈ 4.9e8 is finite in fp32 and far beyond any clip range.
-LOG_RATIO_CLAMP = 20.0
+# The KL estimators live in algo/kl.py (a loss term here, a reward penalty in the loop); re-exported.
+from grpolab.algo.kl import (  # noqa: F401
+    KL_ESTIMATORS,
+    LOG_RATIO_CLAMP,
+    kl_abs,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    kl_low_var,
+    kl_penalty,
+    sequence_kl,
+)
+
 
 def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
     """π/π_old per token = exp(logp - old_logp), log-ratio clamped to ±LOG_RATIO_CLAMP. [N, L] -> [N, L]."""
@@ -109,45 +121,74 @@ def weighted_nll(
     return loss, _stats(ratio, none, none)
 
 
+def cispo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    loss_mask: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip: float | None = None,
+    *,
+    cispo_ratio_max: float = 5.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO, clipped IS-weight policy optimization (MiniMax-M1, arXiv 2506.13585), as TRL's
+    GRPOTrainer defines loss_type="cispo": -sg(min(ρ, ε_max)) · A · log π per token, ρ = π/π_old.
+
+    The importance weight is capped and detached, never the token: every token keeps the gradient
+    -min(ρ, ε_max)·A·∇log π, where PPO's clip gives clipped tokens none. cispo_ratio_max is ε_max,
+    an absolute cap on ρ (TRL's epsilon_high under loss_type="cispo"; ScaleRL recommends 5.0).
+    There is no lower cap, as in TRL. Shapes as `clipped_surrogate`; eps_low, eps_high and
+    dual_clip are unused (the common signature). Stats: clipped_high marks the tokens whose weight
+    is capped (ρ > ε_max, either sign of A; they still have a gradient); clipped_low is all False.
+    """
+    assert logp.shape == old_logp.shape and adv.shape == logp.shape[:1], (logp.shape, old_logp.shape, adv.shape)
+    ratio = importance_ratio(logp, old_logp)
+    weight = ratio.clamp(max=cispo_ratio_max).detach()
+    loss = -weight * adv.unsqueeze(-1) * logp
+    return loss, _stats(ratio, torch.zeros_like(ratio, dtype=torch.bool), ratio.detach() > cispo_ratio_max)
+
+
+def sapo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    loss_mask: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip: float | None = None,
+    *,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SAPO, soft adaptive policy optimization (arXiv 2511.20347), as TRL's GRPOTrainer defines
+    loss_type="sapo": -(4/τ) · σ(τ(ρ - 1)) · A per token, τ = sapo_temperature_pos where A > 0,
+    else sapo_temperature_neg (TRL's names and defaults, 1.0 and 1.05).
+
+    A smooth gate instead of a hard clip: the gradient -4σ(1-σ)·ρ·A·∇log π equals the policy
+    gradient -A·∇log π at ρ = 1 and fades as ρ leaves 1, faster for a larger τ (so a larger τ_neg
+    damps negative updates more). Shapes as `clipped_surrogate`; eps_low, eps_high and dual_clip
+    are unused (the common signature); nothing is clipped, so clipped_low/high are all False.
+    """
+    assert logp.shape == old_logp.shape and adv.shape == logp.shape[:1], (logp.shape, old_logp.shape, adv.shape)
+    ratio = importance_ratio(logp, old_logp)
+    a = adv.unsqueeze(-1)
+    tau = torch.where(a > 0, sapo_temperature_pos, sapo_temperature_neg).to(ratio.dtype)
+    loss = -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * a
+    none = torch.zeros_like(ratio, dtype=torch.bool)
+    return loss, _stats(ratio, none, none)
+
+
 # The config's loss.policy_loss is a key of this table (or "sft": offline data, no policy loss).
-# Signature: (logp, old_logp, adv, loss_mask, eps_low, eps_high, dual_clip) -> (per-token loss, stats).
+# Signature: (logp, old_logp, adv, loss_mask, eps_low, eps_high, dual_clip, *, own options) ->
+# (per-token loss, stats). A loss's own options are keyword-only parameters named like the loss.*
+# config fields that set them (cispo_ratio_max, sapo_temperature_pos/neg); the objective binds them.
 POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {
     "clipped": clipped_surrogate,
     "gspo": sequence_clipped_surrogate,
     "weighted_nll": weighted_nll,
-}
-
-
-# ----------------------------------------------------------------------------- KL estimators
-def _log_ref_ratio(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """d = log π_ref - log π, clamped to ±LOG_RATIO_CLAMP. [N, L], [N, L] -> [N, L]."""
-    return (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-
-
-def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """log π - log π_ref: unbiased, can be negative. [N, L], [N, L] -> [N, L]."""
-    return -_log_ref_ratio(logp, ref_logp)
-
-
-def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """(log π_ref - log π)² / 2: biased, ≥ 0, low variance. [N, L], [N, L] -> [N, L]."""
-    d = _log_ref_ratio(logp, ref_logp)
-    return 0.5 * d * d
-
-
-def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """exp(d) - d - 1 with d = log π_ref - log π: unbiased, ≥ 0 (GRPO's). [N, L], [N, L] -> [N, L]."""
-    d = _log_ref_ratio(logp, ref_logp)
-    return torch.exp(d) - d - 1.0
-
-
-# Per-token estimators of KL(π || π_ref) from samples of π, d = log π_ref - log π (clamped):
-# (logp [N, L], ref_logp [N, L]) -> [N, L]; each is 0 where π == π_ref. The config's
-# loss.kl_estimator is a key of this table.
-KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "k1": kl_k1,
-    "k2": kl_k2,
-    "k3": kl_k3,
+    "cispo": cispo,
+    "sapo": sapo,
 }
 
 
@@ -159,15 +200,6 @@ def _lookup(table: dict, name: str, field: str):
         raise ValueError(f"{field} must be one of {tuple(table)}, got {name!r}") from None
 
 
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token estimate of KL(π || π_ref) from samples of π: KL_ESTIMATORS[estimator].
-
-    logp, ref_logp: [N, L]. Returns: [N, L]; all estimators are 0 where π == π_ref.
-    To correct for samples drawn from π_old rather than π, multiply by the ratio π/π_old.
-    """
-    return _lookup(KL_ESTIMATORS, estimator, "kl_estimator")(logp, ref_logp)
-
-
 # ----------------------------------------------------------------------------- aggregation
 def _count_tokens(mask: torch.Tensor, constant_len: int | None) -> torch.Tensor:
     return mask.sum()
@@ -175,6 +207,15 @@ def _count_tokens(mask: torch.Tensor, constant_len: int | None) -> torch.Tensor:
 
 def _count_sequences(mask: torch.Tensor, constant_len: int | None) -> torch.Tensor:
     return mask.any(-1).sum()
+
+
+def _count_rows(mask: torch.Tensor, constant_len: int | None) -> torch.Tensor:
+    return torch.tensor(mask.shape[0])
+
+
+def _count_none(mask: torch.Tensor, constant_len: int | None) -> torch.Tensor:
+    """No divisor: 0 on every rank, which `aggregate`'s clamp(min=1) makes a divisor of 1."""
+    return torch.tensor(0)
 
 
 def _count_constant(mask: torch.Tensor, constant_len: int | None) -> torch.Tensor:
@@ -204,6 +245,17 @@ class Aggregation:
     count: Callable[[torch.Tensor, int | None], torch.Tensor]
     total: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     doc: str
+    micro_count: Callable[[torch.Tensor, int | None], torch.Tensor] | None = None
+    """None for every mode but bnpo: the divisor is `count` of the whole minibatch, so the update
+    does not depend on the microbatch or world size (the exactness rule of the design). Set (bnpo):
+    each microbatch ALSO divides by its own micro_count, and `count` counts the minibatch's rows,
+    so a microbatch of n rows weighs n / rows: the update then depends on how the minibatch is cut
+    into microbatches and ranks. Deliberately NOT invariant; `per_microbatch` says which kind."""
+
+    @property
+    def per_microbatch(self) -> bool:
+        """True when the loss depends on the microbatch split (bnpo); tests of exactness skip these."""
+        return self.micro_count is not None
 
     def normalizer(self, loss_mask: torch.Tensor, constant_len: int | None = None) -> torch.Tensor:
         """The divisor of `aggregate` for one whole minibatch (sum it across data-parallel ranks).
@@ -213,14 +265,21 @@ class Aggregation:
         """
         return self.count(loss_mask.bool(), constant_len).to(torch.float32)
 
-    def aggregate(self, per_token: torch.Tensor, loss_mask: torch.Tensor, normalizer: torch.Tensor) -> torch.Tensor:
+    def aggregate(self, per_token: torch.Tensor, loss_mask: torch.Tensor, normalizer: torch.Tensor,
+                  rows: int | None = None) -> torch.Tensor:
         """Sums a microbatch's per-token loss and divides by the minibatch normalizer.
 
         per_token: [n, L]; loss_mask: [n, L] bool; normalizer from `normalizer` on the whole
         minibatch. Summing the results over the minibatch's microbatches gives the minibatch loss.
-        Returns: scalar.
+        rows: the microbatch's rows as the minibatch was cut (default n; a caller that forwards only
+        some rows passes the full count); read by per-microbatch modes only. Returns: scalar.
         """
-        return self.total(per_token, loss_mask.to(per_token.dtype)) / normalizer.clamp(min=1)
+        total = self.total(per_token, loss_mask.to(per_token.dtype))
+        if self.micro_count is None:
+            return total / normalizer.clamp(min=1)
+        local = self.micro_count(loss_mask.bool(), None).clamp(min=1)
+        share = (loss_mask.shape[0] if rows is None else rows) / normalizer.clamp(min=1)
+        return total / local * share
 
 
 # The config's loss.loss_agg is a key of this table.
@@ -233,6 +292,15 @@ AGGREGATIONS: dict[str, Aggregation] = {
                                       "sum over each sequence's tokens, then mean over sequences"),
     "constant": Aggregation(_count_constant, _sum_tokens,
                             "sum over all counted tokens / (sequences × a fixed token budget) (Dr. GRPO)"),
+    # verl core_algos.agg_loss "token-sum": the minibatch's token losses summed, no divisor.
+    "token-sum": Aggregation(_count_none, _sum_tokens,
+                             "sum over all counted tokens of the minibatch, not divided (verl token-sum)"),
+    # TRL loss_type="bnpo": (per_token_loss * mask).sum() / mask.sum() on each microbatch, divided by
+    # the gradient-accumulation steps: the mean of the microbatches' token means.
+    "bnpo": Aggregation(_count_rows, _sum_tokens,
+                        "each microbatch's token mean, averaged over microbatches (TRL bnpo); NOT invariant: "
+                        "depends on train.microbatch_size and the world size",
+                        micro_count=_count_tokens),
 }
 
 
@@ -241,20 +309,22 @@ def agg_normalizer(loss_mask: torch.Tensor, mode: str, constant_len: int | None 
 
     loss_mask: [N, L] bool of the WHOLE minibatch (all microbatches of this rank).
     token-mean: number of counted tokens; seq-mean-*: number of sequences with ≥ 1 counted token;
-    constant (Dr. GRPO): N · constant_len, a fixed budget independent of the sampled lengths.
+    constant (Dr. GRPO): N · constant_len, a fixed budget independent of the sampled lengths;
+    token-sum: 0 (no divisor); bnpo: N rows (each microbatch also divides by its own token count).
     Returns: scalar float32 tensor.
     """
     return _lookup(AGGREGATIONS, mode, "loss_agg").normalizer(loss_mask, constant_len)
 
 
-def aggregate(per_token: torch.Tensor, loss_mask: torch.Tensor, mode: str, normalizer: torch.Tensor) -> torch.Tensor:
+def aggregate(per_token: torch.Tensor, loss_mask: torch.Tensor, mode: str, normalizer: torch.Tensor,
+              rows: int | None = None) -> torch.Tensor:
     """AGGREGATIONS[mode].aggregate: a microbatch's per-token loss summed, over the minibatch normalizer.
 
     per_token: [n, L]; loss_mask: [n, L] bool; normalizer from `agg_normalizer` on the whole
     minibatch. Summing the results over the minibatch's microbatches gives the minibatch loss.
-    Returns: scalar.
+    rows: see `Aggregation.aggregate` (bnpo only). Returns: scalar.
     """
-    return _lookup(AGGREGATIONS, mode, "loss_agg").aggregate(per_token, loss_mask, normalizer)
+    return _lookup(AGGREGATIONS, mode, "loss_agg").aggregate(per_token, loss_mask, normalizer, rows)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

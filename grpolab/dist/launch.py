@@ -40,7 +40,7 @@ def init_parallel(device: str, strategy: str, compute_dtype: torch.dtype | None 
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if cuda else "gloo")
+        torch.distributed.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")  # CPU scalars over gloo
     return Parallel(torch.distributed.get_rank(), torch.distributed.get_world_size(), strategy, compute_dtype)
 
 

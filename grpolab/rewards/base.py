@@ -18,6 +18,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 
+from grpolab.algo.advantages import group_normalize
 from grpolab.rewards.registry import build_reward, register_reward, reward_names
 
 __all__ = ["RewardError", "RewardFn", "build_reward", "call_with_timeout", "combine", "probe_reward", "probe_rewards",
@@ -147,16 +148,26 @@ def probe_rewards(rewards: Sequence[tuple[RewardFn, float]], prompts: Sequence[s
             print(f"grpolab: warning: {e}", file=sys.stderr)
 
 
-def combine(scores: dict[str, torch.Tensor], weights: dict[str, float]) -> torch.Tensor:
+def combine(scores: dict[str, torch.Tensor], weights: dict[str, float],
+            aggregation: str = "sum_then_normalize", group_size: int = 1, eps: float = 1e-6) -> torch.Tensor:
     """Weighted sum of several reward functions' scores into one scalar per row.
 
     scores: name -> [N] (NaN = abstained). A row's abstaining functions are left out of its sum;
     a row where every function abstained gets NaN (the advantage functions give it 0).
+    aggregation (TRL's multi_objective_aggregation): "sum_then_normalize" sums the raw scores (the
+    advantage estimator normalizes the sum); "normalize_then_sum" (GDPO, arXiv 2601.05242) first
+    normalizes each function's scores within each group of `group_size` consecutive rows,
+    (s - group mean) / (group sample std + eps) with `algo.advantages.group_normalize` (0 for an
+    abstention, a group with < 2 scores or equal scores), as TRL does; then the weighted sum.
     Returns: [N] float32.
     """
+    if aggregation not in ("sum_then_normalize", "normalize_then_sum"):
+        raise ValueError(f"aggregation must be sum_then_normalize or normalize_then_sum, got {aggregation!r}")
     names = list(scores)
     stacked = torch.stack([scores[k] for k in names], dim=0)  # [K, N]
     w = torch.tensor([weights[k] for k in names], dtype=stacked.dtype).unsqueeze(1)  # [K, 1]
     present = ~torch.isnan(stacked)
+    if aggregation == "normalize_then_sum":
+        stacked = torch.stack([group_normalize(row.view(-1, group_size), "sample", eps).flatten() for row in stacked])
     total = torch.where(present, stacked * w, torch.zeros_like(stacked)).sum(0)
     return torch.where(present.any(0), total, torch.full_like(total, math.nan))

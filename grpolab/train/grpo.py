@@ -2,7 +2,8 @@
 
     for step:
         Phase A  π_old = the current policy, frozen. Sample G completions per prompt, score them,
-                 turn rewards into advantages, record log π_old (and log π_ref with a KL).
+                 record log π_old (when needed) and log π_ref (with a KL), turn rewards (minus
+                 β·KL(π_old ‖ π_ref) with loss.kl_in_reward) into advantages.
         Phase B  epochs × shuffled minibatches (one optimizer step each) × microbatches
                  (forward/backward, gradients accumulate). The rollout is read-only.
         After Phase B the updated policy is the next step's π_old.
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from grpolab.algo.kl import KL_ESTIMATORS, sequence_kl
+from grpolab.rewards.base import combine
 from grpolab.rollout.types import Rollout, scatter_rows
 from grpolab.train.setup import Setup
 from grpolab.train.stats import StepRecord, StepStats, score_rollout
@@ -38,15 +41,13 @@ def train(s: Setup) -> list[dict]:
             texts = s.engine.decode(ro)
         with torch.no_grad(), st.timer("score"):
             s.progress.phase("score")
-            scores, rewards = score_rollout(s.rewards, items, texts, ro, s.on_reward_error, st)
-            adv = s.advantage_fn(rewards.view(-1, G)).flatten()
-            ro = ro.replace(rewards=rewards, advantages=adv, loss_mask=s.train_mask(ro, rewards))
+            scores, rewards = score_rollout(s.rewards, items, texts, ro, s.on_reward_error, st)  # [N] weighted sum
         with torch.no_grad(), st.timer("logprob"):
-            if cfg.needs_old_logp_pass:  # else Phase B's first minibatch (all rows, under π_old) records it
-                ro = ro.replace(old_logp=s.forward.rollout_logprobs(s.train_model, ro))
-            if s.reference is not None:
-                with s.reference() as ref:
-                    ro = ro.replace(ref_logp=s.forward.rollout_logprobs(ref, ro))
+            ro = record_logprobs(s, ro)  # before the advantages: a KL in the reward reads them
+        with torch.no_grad(), st.timer("score"):
+            # the batch-wide statistics of loss.std=batch are summed over the ranks' groups
+            adv = s.advantage_fn(shaped_rewards(s, ro, scores).view(-1, G), s.parallel.all_reduce_sum).flatten()
+            ro = ro.replace(rewards=rewards, advantages=adv, loss_mask=s.train_mask(ro, rewards))
         # ---------------- Phase B: learning on the frozen rollout.
         with st.timer("learn"):
             learn(s, ro, st)
@@ -59,6 +60,33 @@ def train(s: Setup) -> list[dict]:
         if s.should_stop():
             break
     return rows
+
+
+def record_logprobs(s: Setup, ro: Rollout) -> Rollout:
+    """Phase A's no-grad passes over every completion token: log π_old, when Phase B needs it
+    before its first optimizer step (several minibatches) or loss.kl_in_reward does (else Phase B's
+    first minibatch, all rows under π_old, records it), and log π_ref with a reference model."""
+    if s.cfg.needs_old_logp_pass:
+        ro = ro.replace(old_logp=s.forward.rollout_logprobs(s.train_model, ro))
+    if s.reference is not None:
+        with s.reference() as ref:
+            ro = ro.replace(ref_logp=s.forward.rollout_logprobs(ref, ro))
+    return ro
+
+
+def shaped_rewards(s: Setup, ro: Rollout, scores: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The rewards the advantages come from, [N] (NaN = every function abstained); the step's
+    metrics keep the plain weighted sum. The reward functions' scores (name -> [N]) combined per
+    loss.multi_objective_aggregation (`rewards.base.combine`); with loss.kl_in_reward (verl's
+    use_kl_in_reward) minus kl_coef · Σ_t KL_t(π_old ‖ π_ref) over each completion's tokens
+    (`algo.kl.sequence_kl` with loss.kl_estimator)."""
+    lo = s.cfg.loss
+    rewards = combine(scores, {fn.name: w for fn, w in s.rewards}, lo.multi_objective_aggregation,
+                      ro.group_size, lo.std_eps)
+    if lo.kl_in_reward:
+        kl = sequence_kl(ro.old_logp, ro.ref_logp, ro.loss_mask, KL_ESTIMATORS[lo.kl_estimator])
+        rewards = rewards - lo.kl_coef * kl.to(rewards)
+    return rewards
 
 
 def learn(s: Setup, ro: Rollout, st: StepStats) -> None:

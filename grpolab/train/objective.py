@@ -1,11 +1,13 @@
 """The per-microbatch GRPO-family loss, assembled once at setup from the config.
 
-The variant (token clip, GSPO, weighted NLL; KL estimator; aggregation) is picked here from the
-registries of `grpolab.algo`, never by string comparisons inside the training loop.
+The variant (token clip, GSPO, weighted NLL, CISPO, SAPO; KL estimator; aggregation) is picked
+here from the registries of `grpolab.algo`, never by string comparisons inside the training loop.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,10 +21,12 @@ from grpolab.rollout.types import Rollout
 @dataclass(frozen=True)
 class Objective:
     policy_loss: Callable
+    """An entry of `algo.losses.POLICY_LOSSES`, its own options (keyword-only) already bound."""
     eps_low: float
     eps_high: float
     dual_clip: float | None
     kl_coef: float
+    """β of the KL loss term; 0 = none (also with loss.kl_in_reward, where β applies to the rewards)."""
     kl_estimator: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     """(logp, ref_logp) -> per-token KL estimate (`algo.losses.KL_ESTIMATORS`)."""
     kl_ratio_weighted: bool
@@ -32,32 +36,38 @@ class Objective:
     agg_constant_tokens: int
     forward: LogProbForward
     """The log-prob forward of the run (layout, dtype, temperature)."""
+    measure_kl: bool = False
+    """A reference model is loaded: the KL to it is computed and reported, a loss term when kl_coef > 0."""
 
     def normalizer(self, loss_mask: torch.Tensor) -> torch.Tensor:
         """The minibatch-wide divisor of the aggregation, counted on the whole minibatch's mask."""
         return self.aggregation.normalizer(loss_mask, self.agg_constant_tokens)
 
-    def __call__(self, model, micro: Rollout, normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def __call__(self, model, micro: Rollout, normalizer: torch.Tensor,
+                 rows: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Loss of one microbatch (already divided by the minibatch normalizer) and detached stats.
 
         Stats: token sums of kl, ratio, clipped_low/high, entropy; 'tokens'; ratio_min/ratio_max;
         'logp' [b, Lc'] the detached token log-probs. With old_logp = None (first epoch, one
-        minibatch), old = new.detach() and the ratio ≡ 1 exactly.
+        minibatch), old = new.detach() and the ratio ≡ 1 exactly. rows: the microbatch's row count
+        as Phase B cut it, when only some of its rows are passed (`SkipEmptyRows`); read only by a
+        per-microbatch aggregation (bnpo).
         """
         logp, ent = self.forward(model, micro, with_entropy=True, entropy_grad=self.entropy_coef > 0)
         old = micro.old_logp if micro.old_logp is not None else logp.detach()
         mask = micro.loss_mask
         per_tok, st = self.policy_loss(logp, old, micro.advantages, mask, self.eps_low, self.eps_high, self.dual_clip)
         kl = torch.zeros_like(logp)
-        if self.kl_coef > 0:
+        if self.measure_kl:
             kl = self.kl_estimator(logp, micro.ref_logp)
             if self.kl_ratio_weighted:
                 kl = kl * importance_ratio(logp, old)
-            per_tok = per_tok + self.kl_coef * kl
+            if self.kl_coef > 0:
+                per_tok = per_tok + self.kl_coef * kl
         if self.entropy_coef > 0:
             per_tok = per_tok - self.entropy_coef * ent
             ent = ent.detach()
-        loss = self.aggregation.aggregate(per_tok, mask, normalizer)
+        loss = self.aggregation.aggregate(per_tok, mask, normalizer, rows)
         m = mask.float()
         ratio = st["ratio"].float()
         stats = {
@@ -75,17 +85,26 @@ class Objective:
         return loss, stats
 
 
+def bind_options(policy_loss: Callable, loss_cfg) -> Callable:
+    """`policy_loss` with its own options bound: each keyword-only parameter gets the loss.* config
+    field of the same name (CISPO's cispo_ratio_max, SAPO's sapo_temperature_pos/neg). A loss whose
+    option has no config field fails here, at setup (AttributeError naming it)."""
+    names = [p.name for p in inspect.signature(policy_loss).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    return functools.partial(policy_loss, **{name: getattr(loss_cfg, name) for name in names})
+
+
 def build_objective(loss_cfg, rollout_cfg, forward: LogProbForward) -> Objective:
     """Selects the policy loss from the registry once; returns the callable objective."""
     if loss_cfg.policy_loss not in POLICY_LOSSES:
         raise ValueError(f"loss.policy_loss={loss_cfg.policy_loss!r} is not a GRPO-family loss; "
                          f"choose one of {sorted(POLICY_LOSSES)} (use `grpolab sft` for 'sft')")
     return Objective(
-        policy_loss=POLICY_LOSSES[loss_cfg.policy_loss],
+        policy_loss=bind_options(POLICY_LOSSES[loss_cfg.policy_loss], loss_cfg),
         eps_low=loss_cfg.clip_eps_low,
         eps_high=loss_cfg.clip_eps_high,
         dual_clip=loss_cfg.dual_clip,
-        kl_coef=loss_cfg.kl_coef,
+        kl_coef=0.0 if loss_cfg.kl_in_reward else loss_cfg.kl_coef,
+        measure_kl=loss_cfg.kl_coef > 0,
         kl_estimator=KL_ESTIMATORS[loss_cfg.kl_estimator],
         kl_ratio_weighted=loss_cfg.kl_ratio_weighted,
         entropy_coef=loss_cfg.entropy_coef,
@@ -102,7 +121,8 @@ class SkipEmptyRows:
     Rows whose loss mask is all False (groups dropped by loss.filter_zero_std_groups, completions
     masked by loss.mask_truncated) add exactly 0 to the loss and the gradient, and the minibatch
     normalizer was counted before, on the whole minibatch: skipping them changes nothing but the
-    time. The returned `logp` stat covers every row (0 on the skipped ones, which never count).
+    time (bnpo, whose microbatch weighs its rows, is told the full count and its token count is
+    the same). The returned `logp` stat covers every row (0 on the skipped ones, which never count).
     """
 
     def __init__(self, objective: Objective, whole_groups: bool = False):
@@ -121,7 +141,7 @@ class SkipEmptyRows:
         if keep.numel() == 0:  # keep one row (or group) so the loss, exactly 0, still has a graph
             keep = torch.arange(micro.group_size if self.whole_groups else 1, device=counts.device)
         n, width = micro.num_sequences, micro.loss_mask.shape[1]
-        loss, stats = self.objective(model, micro.select(keep), normalizer)
+        loss, stats = self.objective(model, micro.select(keep), normalizer, rows=n)  # bnpo weighs all n rows
         logp = torch.nn.functional.pad(stats["logp"], (0, width - stats["logp"].shape[1]))
         stats["logp"] = logp.new_zeros((n, width)).index_copy(0, keep.to(logp.device), logp)
         return loss, stats

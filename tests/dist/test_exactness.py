@@ -23,6 +23,10 @@ from grpolab.train.setup import build_setup
 from grpolab.train.stats import StepStats
 
 WORLD = 2
+# Every aggregation but those that divide each microbatch by its own token count on purpose (TRL's
+# bnpo, `Aggregation.per_microbatch`): on 2 ranks each rank cuts its own rows into microbatches,
+# so their token means differ from one process's and the update is NOT the same, by design.
+EXACT_MODES = [mode for mode, agg in AGGREGATIONS.items() if not agg.per_microbatch]
 N, LP, LC, G = 8, 3, 6, 2  # rows, prompt width, completion width, group size: rank r learns on rows 4r .. 4r+3
 
 
@@ -77,7 +81,7 @@ def _rank(rank: int, port: int, strategy: str, out: str) -> None:
     torch.set_num_threads(1)
     try:
         results = {}
-        for mode in AGGREGATIONS:
+        for mode in EXACT_MODES:
             results[mode] = _step(mode, Parallel(rank, WORLD, strategy))
         results["guard"] = _step("token-mean", PerRankNormalizer(rank, WORLD, strategy))
         if rank == 0:
@@ -97,7 +101,7 @@ def test_two_ranks_update_the_weights_of_one_process(strategy, tmp_path):
     out = str(tmp_path / "ranks.pt")
     mp.start_processes(_rank, args=(_free_port(), strategy, out), nprocs=WORLD, start_method="spawn")
     got = torch.load(out)
-    for mode in AGGREGATIONS:
+    for mode in EXACT_MODES:
         want, want_stats = _step(mode, Parallel())
         weights, stats = got[mode]
         assert set(weights) == set(want)

@@ -90,6 +90,10 @@ def _train_run(args) -> int:
         raise ConfigError("--resume (run.resume=auto) needs the run folder to continue: add run.out_dir=DIR")
     par = init_parallel(cfg.model.device, cfg.train.parallel, resolve_compute_dtype(cfg.model.dtype, cfg.model.device))
     say = _stderr if par.is_main else None
+    if cfg.off_policy_steps and say is not None:
+        from grpolab.config_reference import off_policy_note
+
+        say(f"grpolab: note: {off_policy_note(cfg)}")
     resume_from = None if args.overwrite else resolve_resume(cfg.run.resume, Path(cfg.run.out_dir or "."), say=say)
     if resume_from is not None and not cfg.run.out_dir:  # an explicit checkpoint: continue its run
         cfg = cfg.replace(**{"run.out_dir": str(resume_from.parent.parent)})

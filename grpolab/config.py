@@ -218,7 +218,8 @@ class TrainConfig:
     epochs: int = 1
     """μ: passes of Phase B over each rollout batch."""
     minibatch_size: int = 64
-    """Sequences per optimizer step."""
+    """Sequences per optimizer step; 0 = all sequences of the step (one optimizer step per epoch:
+    fully on-policy, what the presets without an importance ratio use)."""
     microbatch_size: int = 32
     """Sequences per forward/backward on one rank (gradients accumulate up to a minibatch): a memory
     knob of each device, so it is per rank, while minibatch_size counts the whole minibatch."""
@@ -370,7 +371,21 @@ class Config:
 
     @property
     def minibatches_per_epoch(self) -> int:
-        return self.sequences_per_step // self.train.minibatch_size
+        return self.sequences_per_step // self.minibatch_sequences
+
+    @property
+    def minibatch_sequences(self) -> int:
+        """Sequences per optimizer step: train.minibatch_size, or the whole step's N when it is 0."""
+        return self.train.minibatch_size or self.sequences_per_step
+
+    @property
+    def off_policy_steps(self) -> int:
+        """Optimizer steps per rollout that learn off-policy WITHOUT correction: all but the first
+        when loss.policy_loss has no importance ratio (algo.losses.RATIO_FREE) and a rollout gets
+        several optimizer steps (epochs × minibatches); 0 otherwise."""
+        from grpolab.algo.losses import RATIO_FREE
+
+        return self.optimizer_steps_per_step - 1 if self.loss.policy_loss in RATIO_FREE else 0
 
     @property
     def world_size(self) -> int:
@@ -382,7 +397,7 @@ class Config:
     @property
     def microbatches_per_minibatch(self) -> int:
         """Per rank."""
-        return self.train.minibatch_size // (self.train.microbatch_size * self.world_size)
+        return self.minibatch_sequences // (self.train.microbatch_size * self.world_size)
 
     @property
     def optimizer_steps_per_step(self) -> int:
@@ -412,9 +427,12 @@ class Config:
 # Each preset is only a set of field values on top of the defaults (which are GRPO's).
 PRESETS: dict[str, dict[str, Any]] = {
     "sft": {"loss.policy_loss": "sft", "loss.kl_coef": 0.0},
-    "onpolicy_sft": {"loss.policy_loss": "weighted_nll", "loss.advantage": "relu", "loss.kl_coef": 0.0},
-    "reinforce": {"loss.policy_loss": "weighted_nll", "loss.advantage": "reinforce", "loss.kl_coef": 0.0},
-    "reinforce_norm": {"loss.policy_loss": "weighted_nll", "loss.advantage": "group_norm", "loss.kl_coef": 0.0},
+    "onpolicy_sft": {"loss.policy_loss": "weighted_nll", "loss.advantage": "relu", "loss.kl_coef": 0.0,
+                    "train.minibatch_size": 0, "train.epochs": 1},
+    "reinforce": {"loss.policy_loss": "weighted_nll", "loss.advantage": "reinforce", "loss.kl_coef": 0.0,
+                 "train.minibatch_size": 0, "train.epochs": 1},
+    "reinforce_norm": {"loss.policy_loss": "weighted_nll", "loss.advantage": "group_norm", "loss.kl_coef": 0.0,
+                      "train.minibatch_size": 0, "train.epochs": 1},
     "grpo": {},
     "grpo_no_kl": {"loss.kl_coef": 0.0},
     "dr_grpo": {"loss.std": "none", "loss.loss_agg": "constant", "loss.kl_coef": 0.0},

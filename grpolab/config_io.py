@@ -303,13 +303,13 @@ def _choice(value, allowed, field_name):
 
 def _check_shared_prompt(cfg) -> None:
     """model.shared_prompt forwards whole groups: every batch of rows must be whole groups."""
-    g, t, world = cfg.rollout.group_size, cfg.train, cfg.world_size
-    for name, v in (("train.minibatch_size", t.minibatch_size), ("train.microbatch_size", t.microbatch_size)):
+    g, t, world, mb = cfg.rollout.group_size, cfg.train, cfg.world_size, cfg.minibatch_sequences
+    for name, v in (("train.minibatch_size", mb), ("train.microbatch_size", t.microbatch_size)):
         if v % g:
             raise _err(f"{name}={v} is not a multiple of rollout.group_size={g}, which model.shared_prompt=true "
                        f"needs (it forwards whole groups); set {name} to a multiple of {g}")
-    if world > 1 and (t.minibatch_size // world) % g:
-        raise _err(f"train.minibatch_size={t.minibatch_size} gives {t.minibatch_size // world} sequences per rank "
+    if world > 1 and (mb // world) % g:
+        raise _err(f"train.minibatch_size={mb} gives {mb // world} sequences per rank "
                    f"on {world} ranks, not whole groups of rollout.group_size={g} (model.shared_prompt=true); set "
                    f"train.minibatch_size to a multiple of {g * world}")
 
@@ -318,7 +318,7 @@ def _check_world(cfg, world: int) -> None:
     """Several ranks (torchrun's WORLD_SIZE): global batch sizes split evenly, features that run there."""
     r, t = cfg.rollout, cfg.train
     for name, v, unit in (("rollout.prompts_per_step", r.prompts_per_step, "prompts"),
-                          ("train.minibatch_size", t.minibatch_size, "sequences")):
+                          ("train.minibatch_size", cfg.minibatch_sequences, "sequences")):
         if v % world:
             raise _err(f"{name}={v} does not split over the {world} ranks the launcher started (each rank takes "
                        f"{name.split('.')[1]} / world {unit}); set {name} to a multiple of {world}")
@@ -348,7 +348,7 @@ def _check_ranges(cfg) -> None:
     positive = {
         "rollout.prompts_per_step": r.prompts_per_step, "rollout.group_size": r.group_size,
         "rollout.max_new_tokens": r.max_new_tokens, "train.epochs": t.epochs,
-        "train.minibatch_size": t.minibatch_size, "train.microbatch_size": t.microbatch_size,
+        "train.microbatch_size": t.microbatch_size,
         "sft.batch_size": cfg.sft.batch_size,
         "sft.microbatch_size": cfg.sft.microbatch_size, "train.max_skipped_steps": t.max_skipped_steps,
         "sft.probe_every": cfg.sft.probe_every, "sft.probe_prompts": cfg.sft.probe_prompts,
@@ -403,10 +403,12 @@ def _check_sizes(cfg) -> None:
     if ADVANTAGE_ESTIMATORS[lo.advantage].needs_group and r.group_size < 2:
         raise _err(f"rollout.group_size={r.group_size}: loss.advantage={lo.advantage!r} compares completions "
                    "within a group, so group_size must be at least 2")
-    n = cfg.sequences_per_step
-    if n % t.minibatch_size:
+    n, mb = cfg.sequences_per_step, cfg.minibatch_sequences
+    if t.minibatch_size < 0:
+        raise _err(f"train.minibatch_size={t.minibatch_size} must be ≥ 1, or 0 for all sequences of a step")
+    if n % mb:
         divs = [d for d in range(1, n + 1) if n % d == 0]
-        raise _err(f"train.minibatch_size={t.minibatch_size} does not divide the {n} sequences of a step "
+        raise _err(f"train.minibatch_size={mb} does not divide the {n} sequences of a step "
                    f"(rollout.prompts_per_step={r.prompts_per_step} × rollout.group_size={r.group_size}); "
                    f"set train.minibatch_size to one of {divs}")
     world = cfg.world_size
@@ -414,12 +416,12 @@ def _check_sizes(cfg) -> None:
         _check_world(cfg, world)
     if cfg.model.shared_prompt:
         _check_shared_prompt(cfg)
-    if (t.minibatch_size // world) % t.microbatch_size:
-        per_rank = t.minibatch_size // world
+    if (mb // world) % t.microbatch_size:
+        per_rank = mb // world
         divs = [d for d in range(1, per_rank + 1) if per_rank % d == 0]
         where = f" on each of {world} ranks" if world > 1 else ""
         raise _err(f"train.microbatch_size={t.microbatch_size} does not divide the {per_rank} sequences of a "
-                   f"minibatch{where} (train.minibatch_size={t.minibatch_size}); set train.microbatch_size to one "
+                   f"minibatch{where} (train.minibatch_size={mb}); set train.microbatch_size to one "
                    f"of {divs}")
     if cfg.sft.batch_size % cfg.sft.microbatch_size:
         raise _err(f"sft.batch_size={cfg.sft.batch_size} is not a multiple of sft.microbatch_size={cfg.sft.microbatch_size}")

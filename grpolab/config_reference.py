@@ -142,6 +142,24 @@ def _indent(text: str, n: int) -> list[str]:
     return [(" " * n + line).rstrip() for line in text.splitlines()]
 
 
+def derived_sizes(cfg: Config) -> list[str]:
+    """What the fields add up to: the step's sequences, optimizer steps per rollout, and how many of
+    those learn off-policy without correction (a policy loss without an importance ratio)."""
+    lines = [f"sequences per step: {cfg.sequences_per_step} (rollout.prompts_per_step × rollout.group_size)",
+             f"optimizer steps per rollout: {cfg.optimizer_steps_per_step} (train.epochs={cfg.train.epochs} × "
+             f"{cfg.minibatches_per_epoch} minibatches of {cfg.minibatch_sequences} sequences)"]
+    if cfg.off_policy_steps:
+        lines.append(off_policy_note(cfg))
+    return lines
+
+
+def off_policy_note(cfg: Config) -> str:
+    return (f"off-policy without correction: {cfg.off_policy_steps} of the {cfg.optimizer_steps_per_step} optimizer "
+            f"steps per rollout (loss.policy_loss={cfg.loss.policy_loss!r} has no importance ratio; "
+            "train.minibatch_size=0 and train.epochs=1 keep it on-policy)")
+
+
 def config_reference(cfg: Config, title: str = "") -> str:
-    """The text `grpolab config` prints for `cfg`."""
-    return format_reference(reference_entries(cfg), title)
+    """The text `grpolab config` prints for `cfg`: the derived sizes, then every field."""
+    derived = ["derived:", *(f"  {line}" for line in derived_sizes(cfg)), ""]
+    return format_reference(reference_entries(cfg), "\n".join([title, "", *derived]) if title else "\n".join(derived))

@@ -214,3 +214,26 @@ def test_docstrings_cite_no_benchmark_history():
     for cls, docs in _field_docs().items():
         for name, doc in docs.items():
             assert not re.search(r"bench|session|measured|SmolLM2|\d\s*(s|MB|ms) per|\d\.\d+x\b|->\s*\d", doc), (cls.__name__, name)
+
+
+@pytest.mark.parametrize("preset", ["onpolicy_sft", "reinforce", "reinforce_norm"])
+def test_presets_without_an_importance_ratio_take_one_optimizer_step_per_rollout(preset):
+    for sizes in ([], ["rollout.prompts_per_step=3", "rollout.group_size=4", "train.microbatch_size=4"]):
+        cfg = C.from_preset(preset, sizes)
+        assert cfg.minibatch_sequences == cfg.sequences_per_step
+        assert cfg.optimizer_steps_per_step == 1 and cfg.off_policy_steps == 0
+    more = C.from_preset(preset, ["train.epochs=2", "train.minibatch_size=64"])
+    assert more.optimizer_steps_per_step == 2 * more.sequences_per_step // 64
+    assert more.off_policy_steps == more.optimizer_steps_per_step - 1
+    from grpolab.config_reference import config_reference
+
+    text = config_reference(more)
+    assert f"off-policy without correction: {more.off_policy_steps} of the {more.optimizer_steps_per_step}" in text
+    assert "off-policy" not in config_reference(C.from_preset(preset))
+
+
+def test_ratio_losses_are_never_counted_off_policy():
+    cfg = C.from_preset("grpo", ["train.epochs=2"])
+    assert cfg.optimizer_steps_per_step > 1 and cfg.off_policy_steps == 0
+    with pytest.raises(C.ConfigError, match=r"train.minibatch_size=-1 must be ≥ 1, or 0"):
+        C.from_preset("grpo", ["train.minibatch_size=-1"])

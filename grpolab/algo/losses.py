@@ -192,6 +192,11 @@ POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tenso
 }
 
 
+RATIO_FREE = frozenset({"weighted_nll"})
+"""Policy losses without an importance ratio π_θ/π_old: on-policy only at a rollout's first optimizer
+step; later ones learn off-policy without correction (config.Config.off_policy_steps)."""
+
+
 def _lookup(table: dict, name: str, field: str):
     """table[name], or ValueError naming the field and the known names."""
     try:

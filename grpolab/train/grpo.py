@@ -104,7 +104,7 @@ def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
     n = ro.num_sequences  # this rank's rows: N / world
     for epoch in range(cfg.train.epochs):
         order = s.forward.row_order(n, ro.group_size, s.shuffle_gen)
-        for mb, mb_idx in enumerate(order.split(cfg.train.minibatch_size // par.world_size)):
+        for mb, mb_idx in enumerate(order.split(cfg.minibatch_sequences // par.world_size)):
             s.progress.phase("learn", f"epoch {epoch + 1}/{cfg.train.epochs} minibatch {mb + 1}/{cfg.minibatches_per_epoch}")
             minibatch = ro.select(mb_idx)
             normalizer = par.all_reduce_sum(s.objective.normalizer(minibatch.loss_mask))  # before any microbatch

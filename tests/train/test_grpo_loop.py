@@ -306,3 +306,14 @@ def test_model_compile_runs_the_old_and_reference_passes_through_the_compiled_wr
     with s.reference() as ref:
         assert seen == [s.train_model, ref]
     assert all(isinstance(m, CompiledBlocks) for m in seen) and generated_by == [s.policy]
+
+
+@pytest.mark.parametrize("preset", ["onpolicy_sft", "reinforce", "reinforce_norm"])
+def test_presets_without_a_ratio_update_once_per_rollout(preset):
+    cfg = C.from_preset(preset, ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=5",
+                                 "train.steps=3", "train.microbatch_size=8", "run.tensorboard=false",
+                                 "run.progress=false"])
+    s = _setup(cfg)
+    grpo.train(s)
+    steps = {int(st["step"]) for st in s.optimizer.state.values() if "step" in st}
+    assert steps <= {3} and s.scheduler.last_epoch == 3  # one optimizer step per rollout (skipped ones count too)

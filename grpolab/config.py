@@ -337,6 +337,9 @@ class RunConfig:
     """Write the step's groups to samples.jsonl every N steps."""
     tensorboard: bool = True
     """Write TensorBoard events under tb/."""
+    wandb_project: str = ""
+    """Also log every step's metrics to this Weights & Biases project (run files under the run
+    directory); empty = off. Needs `pip install wandb`."""
     progress: bool = True
     """Show progress (rich on a terminal, plain lines otherwise)."""
     peak_tflops: float = 0.0

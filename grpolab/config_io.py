@@ -427,6 +427,14 @@ def _check_sizes(cfg) -> None:
         raise _err(f"sft.batch_size={cfg.sft.batch_size} is not a multiple of sft.microbatch_size={cfg.sft.microbatch_size}")
 
 
+def _check_outputs(cfg) -> None:
+    import importlib.util
+
+    if cfg.run.wandb_project and importlib.util.find_spec("wandb") is None:
+        raise _err(f"run.wandb_project={cfg.run.wandb_project!r} logs to Weights & Biases, but the wandb package "
+                   "is not installed: pip install wandb (or leave run.wandb_project empty)")
+
+
 def _check_rewards(cfg) -> None:
     if not cfg.rewards and cfg.loss.policy_loss != SFT_POLICY_LOSS:
         raise _err("rewards: at least one reward function is needed (e.g. rewards: [{name: exact_match, weight: 1.0}])")
@@ -442,3 +450,4 @@ def validate_config(cfg) -> None:
     _check_ranges(cfg)
     _check_sizes(cfg)
     _check_rewards(cfg)
+    _check_outputs(cfg)

@@ -116,7 +116,9 @@ class Outputs:
     """The run directory's per-step writers (metrics, samples, warnings); close() at the end."""
 
     def __init__(self, setup, run_dir: Path):
-        self.logger = MetricsLogger(run_dir, tensorboard=setup.cfg.run.tensorboard)
+        r = setup.cfg.run
+        self.logger = MetricsLogger(run_dir, tensorboard=r.tensorboard, wandb=bool(r.wandb_project),
+                                    wandb_project=r.wandb_project or None)
         self.warnings = DegradedWarnings(run_dir)
         setup.hooks.append(lambda step, row, *rest: self.logger.log(row))
         setup.hooks.append(SamplesWriter(run_dir, setup.cfg.run.samples_every))

@@ -44,3 +44,33 @@ def test_a_replaced_reward_is_on_the_console_once_in_warnings_jsonl_and_in_the_r
     assert [json.loads(x)["reward_errors"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 0, 1, 0]
     html = write_report(tmp_path).read_text()
     assert 'id="warnings"' in html and "reward_errors: 2" in html and "the judge is down" in html
+
+
+def test_a_wandb_project_logs_every_step_there(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    logged = []
+    fake = types.ModuleType("wandb")
+    fake.__spec__ = types.SimpleNamespace(name="wandb")
+    fake.init = lambda project, dir: types.SimpleNamespace(project=project, log=lambda d, step: logged.append(step),
+                                                           finish=lambda: None)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: fake.__spec__ if name == "wandb" else real(name, *a))
+    cfg = C.from_preset("grpo", TINY + ["train.steps=2", "run.wandb_project=grpolab-test"])
+    assert train_in_run_dir(build_setup(cfg), tmp_path) == 0
+    assert logged == [0, 1]
+
+
+def test_a_wandb_project_without_wandb_is_a_config_error(monkeypatch):
+    import pytest
+
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(C.ConfigError, match=r"run.wandb_project='p'.*pip install wandb"):
+        C.from_preset("grpo", ["run.wandb_project=p"])

@@ -177,20 +177,59 @@ def _sft_run(args) -> int:
 
 
 def _eval(args) -> int:
+    return _named_errors(_eval_run, args)
+
+
+def _eval_run(args) -> int:
+    """Held-out evaluation of a model (an HF folder, or a run directory's final/) by a config's
+    rewards: greedy, and with --samples K sampled pass@1 / pass@K; JSON on stdout (and --out)."""
     import json
 
-    from grpolab import config as C
-    from grpolab.data.build import arith_eval_items
-    from grpolab.models.loading import load_model
-    from grpolab.rollout.hf import HFEngine
-    from grpolab.train.evaluate import evaluate_arith
+    import torch
 
-    cfg = _threads(C.from_preset("grpo", args.overrides))
-    model, tok = load_model(args.model)
-    items = arith_eval_items(cfg)
-    res = evaluate_arith(model, HFEngine(tok, cfg.rollout.max_new_tokens), items)
-    print(json.dumps({k: v for k, v in res.items() if k != "examples"}, indent=2))
+    from grpolab import config as C
+    from grpolab.models.loading import load_model
+    from grpolab.rewards.base import build_reward
+    from grpolab.rollout.hf import HFEngine
+    from grpolab.train.evaluate import evaluate_arith, evaluate_task
+
+    cfg = _threads(C.from_preset(args.config, args.overrides) if args.config in C.PRESETS
+                   else C.load(args.config, args.overrides))
+    path = Path(args.model)
+    model, tok = load_model(str(path / "final" if (path / "final" / "config.json").is_file() else path))
+    items = _eval_items(cfg, tok)
+    rewards = []
+    for spec in cfg.rewards:
+        fn = build_reward(spec.name, **spec.kwargs)
+        fn.name = spec.display_name
+        rewards.append((fn, spec.weight))
+    r = cfg.rollout
+    engine = HFEngine(tok, r.max_new_tokens, r.temperature, r.top_p, r.top_k)
+    gen = torch.Generator().manual_seed(cfg.train.seed)
+    res = evaluate_task(model, engine, items, rewards, samples=args.samples, generator=gen)
+    if cfg.data.source == "builtin:arith" and not cfg.data.eval_source:  # the task's refusal metrics too
+        res["arith"] = {k: v for k, v in evaluate_arith(model, engine, items).items() if k != "examples"}
+    text = json.dumps({k: v for k, v in res.items() if k != "examples"}, indent=2)
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=2))
+    print(text)
+    _stderr("\n".join(f"{part:<8} {k:<28} {v:.4f}" for part in ("greedy", "sampled")
+                       for k, v in res.get(part, {}).items() if isinstance(v, float)))
     return 0
+
+
+def _eval_items(cfg, tokenizer) -> list:
+    """The held-out prompts: data.eval_source (its first data.eval_prompts), or builtin:arith's split."""
+    from grpolab.config import ConfigError
+    from grpolab.data.build import arith_eval_items, prompt_stream
+
+    if cfg.data.eval_source:
+        stream = prompt_stream(cfg.replace(**{"data.source": cfg.data.eval_source}), tokenizer)
+        return list(stream.items)[: cfg.data.eval_prompts]
+    if cfg.data.source == "builtin:arith":
+        return arith_eval_items(cfg)
+    raise ConfigError(f"data.eval_source: the held-out prompts of data.source={cfg.data.source!r} are needed for "
+                      "grpolab eval (e.g. data.eval_source=jsonl:heldout.jsonl); training prompts are not held out")
 
 
 def _report(args) -> int:
@@ -271,9 +310,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     s.set_defaults(fn=_sft)
 
-    e = sub.add_parser("eval", help="greedy held-out evaluation of a saved model on the built-in task")
-    e.add_argument("model", help="an HF folder (e.g. runs/demo-.../final)")
+    e = sub.add_parser("eval", help="held-out evaluation of a model by a config's rewards (greedy; sampled with "
+                                    "--samples)")
+    e.add_argument("model", help="an HF folder, or a run directory (its final/)")
+    e.add_argument("config", nargs="?", default="grpo", help="a YAML file or preset: data.eval_source (or the "
+                                                               "built-in task's held-out split), rewards, rollout")
     e.add_argument("overrides", nargs="*")
+    e.add_argument("--samples", type=int, default=0, metavar="K", help="also K sampled completions per prompt: "
+                                                                        "mean reward, pass@1, pass@K")
+    e.add_argument("--out", default="", help="also write the result (with examples) to this JSON file")
     e.set_defaults(fn=_eval)
 
     r = sub.add_parser("report", help="write RUN_DIR/report.html")

@@ -83,6 +83,9 @@ class DataConfig:
     """Prompt source: 'builtin:arith', 'jsonl:PATH', 'hf:PATH' (local datasets files) or 'rg:TASK' (reasoning-gym)."""
     eval_prompts: int = 256
     """Held-out prompts for evaluation (never trained on)."""
+    eval_source: str = ""
+    """Held-out prompts of `grpolab eval` (the forms of source); empty: builtin:arith's held-out split.
+    Other sources need it: their prompts are all training prompts. The first eval_prompts are used."""
     system_prompt: str | None = None
     """System prompt for chat templates; None keeps the template's own default."""
     chat_template: bool | str = "auto"

@@ -45,3 +45,53 @@ def evaluate_arith(model, engine: HFEngine, items, greedy: bool = True, generato
         "accuracy_by_op": {op: sum(v) / len(v) for op, v in sorted(by_op.items())},
         "examples": [{"prompt": it.prompt, "completion": t} for t, _, it in list(zip(texts, trunc, items))[:12]],
     }
+
+
+def evaluate_task(model, engine: HFEngine, items, rewards, samples: int = 0, generator=None) -> dict:
+    """Held-out evaluation of any task by its config's rewards: `rewards` is [(RewardFn, weight)].
+
+    greedy: each reward's mean over the rows it scored, the weighted sum's mean, and `accuracy` (the
+    1.0 rate of the first verifier reward that scored a row). With samples = k > 0 also, over k
+    completions per prompt sampled at the engine's temperature: the mean reward, pass@1 (mean
+    accuracy) and pass@k (share of prompts with at least one correct completion).
+    """
+    from grpolab.rewards.base import combine, score_batch
+    from grpolab.rewards.registry import is_verifier
+
+    prompts = [it.prompt for it in items]
+    verifiers = [fn.name for fn, _ in rewards if is_verifier(fn)]
+
+    def score(texts, trunc, reps):
+        metas = [{**items[i // reps].meta, "truncated": tr} for i, tr in enumerate(trunc)]
+        rows = [p for p in prompts for _ in range(reps)]
+        scores = {fn.name: score_batch(fn, rows, texts, metas) for fn, _ in rewards}
+        total = combine(scores, {fn.name: w for fn, w in rewards})
+        correct = next((scores[v] for v in verifiers if (~torch.isnan(scores[v])).any()), None)
+        return scores, total, correct
+
+    texts, trunc = generate_texts(model, engine, prompts, greedy=True)
+    scores, total, correct = score(texts, trunc, 1)
+    out = {"prompts": len(items), "greedy": {"reward": _nanmean(total),
+                                             **{f"reward/{k}": _nanmean(v) for k, v in scores.items()}}}
+    if correct is not None:
+        out["greedy"]["accuracy"] = _nanmean((correct == 1.0).float().masked_fill(torch.isnan(correct), float("nan")))
+    if samples > 0:
+        sampled, strunc = [], []
+        for s in range(0, len(prompts), 64):
+            ro = engine.generate_with(model, prompts[s:s + 64], samples, generator=generator)
+            sampled += decode_completions(engine.tokenizer, ro)
+            strunc += ro.truncated.tolist()
+        _, stotal, scorrect = score(sampled, strunc, samples)
+        out["sampled"] = {"samples": samples, "reward": _nanmean(stotal)}
+        if scorrect is not None:
+            hit = (scorrect == 1.0).view(-1, samples)
+            scored = ~torch.isnan(scorrect).view(-1, samples).all(-1)
+            out["sampled"]["pass@1"] = float(hit[scored].float().mean()) if scored.any() else float("nan")
+            out["sampled"][f"pass@{samples}"] = float(hit[scored].any(-1).float().mean()) if scored.any() else float("nan")
+    out["examples"] = [{"prompt": p, "completion": t} for p, t in list(zip(prompts, texts))[:12]]
+    return out
+
+
+def _nanmean(x: torch.Tensor) -> float:
+    x = x[~torch.isnan(x)]
+    return float(x.mean()) if x.numel() else float("nan")

@@ -1,0 +1,52 @@
+"""`grpolab eval` for any task: held-out prompts from the config (data.eval_source, or the built-in
+task's split), the config's rewards as metrics, greedy and sampled (pass@1, pass@k)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpolab import cli
+from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+
+TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "rollout.max_new_tokens=4",
+        "data.eval_prompts=12"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("m")
+    tok = build_char_tokenizer()
+    build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, seed=0).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _eval(capsys, *argv) -> dict:
+    assert cli.main(["eval", *map(str, argv)]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_builtin_task_greedy_and_sampled(model_dir, capsys, tmp_path):
+    res = _eval(capsys, model_dir, "grpo", *TINY, "--samples", "3", "--out", tmp_path / "eval.json")
+    assert res["prompts"] == 12
+    g, s = res["greedy"], res["sampled"]
+    assert g["accuracy"] == res["arith"]["accuracy"]  # the first verifier (exact_match) is the task's accuracy
+    assert set(g) >= {"reward", "reward/exact_match", "reward/refusal"}
+    assert s["samples"] == 3 and 0 <= s["pass@1"] <= s["pass@3"] <= 1
+    assert json.loads((tmp_path / "eval.json").read_text())["examples"]
+
+
+def test_a_jsonl_task_by_its_eval_source_and_rewards(model_dir, capsys, tmp_path):
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1), "answerable": True} for i in range(20)]
+    (tmp_path / "held.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = _eval(capsys, model_dir, "grpo", *TINY, "data.source=jsonl:unused.jsonl", "data.chat_template=false",
+                f"data.eval_source=jsonl:{tmp_path / 'held.jsonl'}", "rewards=[exact_match:1.0]")
+    assert res["prompts"] == 12 and "arith" not in res
+    assert res["greedy"]["reward"] == res["greedy"]["reward/exact_match"] == res["greedy"]["accuracy"]
+
+
+def test_a_source_without_held_out_prompts_is_named(model_dir, capsys):
+    assert cli.main(["eval", str(model_dir), "grpo", *TINY, "data.source=jsonl:train.jsonl"]) == 2
+    assert "data.eval_source" in capsys.readouterr().err

@@ -316,7 +316,7 @@ def _check_shared_prompt(cfg) -> None:
 
 def _check_world(cfg, world: int) -> None:
     """Several ranks (torchrun's WORLD_SIZE): global batch sizes split evenly, features that run there."""
-    r, t = cfg.rollout, cfg.train
+    r = cfg.rollout
     for name, v, unit in (("rollout.prompts_per_step", r.prompts_per_step, "prompts"),
                           ("train.minibatch_size", cfg.minibatch_sequences, "sequences")):
         if v % world:

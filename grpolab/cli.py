@@ -189,20 +189,16 @@ def _eval_run(args) -> int:
 
     from grpolab import config as C
     from grpolab.models.loading import load_model
-    from grpolab.rewards.base import build_reward
     from grpolab.rollout.hf import HFEngine
     from grpolab.train.evaluate import evaluate_arith, evaluate_task
+    from grpolab.train.setup import build_rewards
 
     cfg = _threads(C.from_preset(args.config, args.overrides) if args.config in C.PRESETS
                    else C.load(args.config, args.overrides))
     path = Path(args.model)
     model, tok = load_model(str(path / "final" if (path / "final" / "config.json").is_file() else path))
     items = _eval_items(cfg, tok)
-    rewards = []
-    for spec in cfg.rewards:
-        fn = build_reward(spec.name, **spec.kwargs)
-        fn.name = spec.display_name
-        rewards.append((fn, spec.weight))
+    rewards = build_rewards(cfg)
     r = cfg.rollout
     engine = HFEngine(tok, r.max_new_tokens, r.temperature, r.top_p, r.top_k)
     gen = torch.Generator().manual_seed(cfg.train.seed)

@@ -57,6 +57,7 @@ def evaluate_task(model, engine: HFEngine, items, rewards, samples: int = 0, gen
     """
     from grpolab.rewards.base import combine, score_batch
     from grpolab.rewards.registry import is_verifier
+    from grpolab.train.stats import correct_rows, nanmean
 
     prompts = [it.prompt for it in items]
     verifiers = [fn.name for fn, _ in rewards if is_verifier(fn)]
@@ -65,16 +66,14 @@ def evaluate_task(model, engine: HFEngine, items, rewards, samples: int = 0, gen
         metas = [{**items[i // reps].meta, "truncated": tr} for i, tr in enumerate(trunc)]
         rows = [p for p in prompts for _ in range(reps)]
         scores = {fn.name: score_batch(fn, rows, texts, metas) for fn, _ in rewards}
-        total = combine(scores, {fn.name: w for fn, w in rewards})
-        correct = next((scores[v] for v in verifiers if (~torch.isnan(scores[v])).any()), None)
-        return scores, total, correct
+        return scores, combine(scores, {fn.name: w for fn, w in rewards}), correct_rows(scores, verifiers)
 
     texts, trunc = generate_texts(model, engine, prompts, greedy=True)
     scores, total, correct = score(texts, trunc, 1)
-    out = {"prompts": len(items), "greedy": {"reward": _nanmean(total),
-                                             **{f"reward/{k}": _nanmean(v) for k, v in scores.items()}}}
+    out = {"prompts": len(items), "greedy": {"reward": nanmean(total),
+                                             **{f"reward/{k}": nanmean(v) for k, v in scores.items()}}}
     if correct is not None:
-        out["greedy"]["accuracy"] = _nanmean((correct == 1.0).float().masked_fill(torch.isnan(correct), float("nan")))
+        out["greedy"]["accuracy"] = nanmean(correct)
     if samples > 0:
         sampled, strunc = [], []
         for s in range(0, len(prompts), 64):
@@ -82,7 +81,7 @@ def evaluate_task(model, engine: HFEngine, items, rewards, samples: int = 0, gen
             sampled += decode_completions(engine.tokenizer, ro)
             strunc += ro.truncated.tolist()
         _, stotal, scorrect = score(sampled, strunc, samples)
-        out["sampled"] = {"samples": samples, "reward": _nanmean(stotal)}
+        out["sampled"] = {"samples": samples, "reward": nanmean(stotal)}
         if scorrect is not None:
             hit = (scorrect == 1.0).view(-1, samples)
             scored = ~torch.isnan(scorrect).view(-1, samples).all(-1)
@@ -91,7 +90,3 @@ def evaluate_task(model, engine: HFEngine, items, rewards, samples: int = 0, gen
     out["examples"] = [{"prompt": p, "completion": t} for p, t in list(zip(prompts, texts))[:12]]
     return out
 
-
-def _nanmean(x: torch.Tensor) -> float:
-    x = x[~torch.isnan(x)]
-    return float(x.mean()) if x.numel() else float("nan")

@@ -32,6 +32,18 @@ class TrainingStopped(RuntimeError):
     """Training stopped on purpose (e.g. too many non-finite steps); the message says why."""
 
 
+def build_rewards(cfg: Config) -> list:
+    """The config's reward functions as [(RewardFn, weight)], each named by its display name and
+    limited to train.reward_timeout_s per call."""
+    rewards = []
+    for spec in cfg.rewards:
+        fn = build_reward(spec.name, **spec.kwargs)
+        fn.name = spec.display_name
+        fn.timeout_s = cfg.train.reward_timeout_s
+        rewards.append((fn, spec.weight))
+    return rewards
+
+
 def resolve_compute_dtype(name: str, device: str) -> torch.dtype | None:
     """None (plain fp32) or torch.bfloat16 for autocast."""
     if name == "float32":
@@ -237,12 +249,7 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     With DDP, Phase B calls the DDP wrapper; with FSDP2 the policy (and the reference) are sharded in
     place, and the rollout engine samples from a full copy that `engine.load_weights` refreshes."""
     cfg.validate()
-    rewards = []
-    for spec in cfg.rewards:
-        fn = build_reward(spec.name, **spec.kwargs)
-        fn.name = spec.display_name
-        fn.timeout_s = cfg.train.reward_timeout_s
-        rewards.append((fn, spec.weight))
+    rewards = build_rewards(cfg)
     if policy is None:
         policy, tokenizer = load_policy(cfg)
     policy.train()

@@ -53,9 +53,21 @@ def _std(x: torch.Tensor) -> float:
     return float(x.std(unbiased=False)) if x.numel() > 1 else 0.0
 
 
-def _mean(x: torch.Tensor) -> float:
+def nanmean(x: torch.Tensor) -> float:
+    """The mean of the non-NaN entries (NaN when there is none)."""
     x = x[~torch.isnan(x)]
     return float(x.mean()) if x.numel() else float("nan")
+
+
+def correct_rows(scores: dict[str, torch.Tensor], verifiers: Sequence[str]) -> torch.Tensor | None:
+    """[N] 1.0 / 0.0 where the first verifier reward (in `verifiers`' order) that scored a row
+    scored 1.0 / less, NaN where it abstained; None when no verifier scored any row. Its nanmean is
+    the `accuracy` metric."""
+    for name in verifiers:
+        sc = scores.get(name)
+        if sc is not None and (~torch.isnan(sc)).any():
+            return (sc == 1.0).float().masked_fill(torch.isnan(sc), math.nan)
+    return None
 
 
 @dataclass(frozen=True)
@@ -146,17 +158,15 @@ class StepStats:
         gen_tokens = float(lengths.sum())
         row = {
             "step": self.step,
-            "reward/mean": _mean(r),
+            "reward/mean": nanmean(r),
             "reward/std": _std(r),
         }
         for name, sc in scores.items():
-            row[f"reward/{name}/mean"] = _mean(sc)
+            row[f"reward/{name}/mean"] = nanmean(sc)
             row[f"reward/{name}/std"] = _std(sc)
-        # accuracy: the 1.0 rate of the first verifier reward (config order) that scored a row
-        for name in self.verifiers:
-            if name in scores and (~torch.isnan(scores[name])).any():
-                row["accuracy"] = _mean((scores[name] == 1.0).float().masked_fill(torch.isnan(scores[name]), math.nan))
-                break
+        correct = correct_rows(scores, self.verifiers)
+        if correct is not None:
+            row["accuracy"] = nanmean(correct)
         t_total = time.perf_counter() - self.t0
         row.update({
             "adv/mean": float(adv.mean()), "adv/std": float(adv.std(unbiased=False)),

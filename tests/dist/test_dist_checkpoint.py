@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -138,14 +137,8 @@ def _rank(rank: int, port: int, tmp: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
+def ranks(tmp_path_factory, free_port):
     """One spawn of 2 gloo ranks. Before it, this process saves a world-1 checkpoint (`world1`) for
     the ranks to load. Returns (folder, the ranks' results, the world-1 weights and AdamW state as
     saved, the world-1 weights after one more step on the RESUME_SEED batch)."""
@@ -156,7 +149,7 @@ def ranks(tmp_path_factory):
     save_sharded(tmp / "world1", model, optimizer)
     saved = _snapshot(model, optimizer)
     _train(model, optimizer, 1, seed=RESUME_SEED)
-    mp.start_processes(_rank, args=(_free_port(), str(tmp)), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(_rank, args=(free_port(), str(tmp)), nprocs=WORLD, start_method="spawn")
     return tmp, torch.load(tmp / "ranks.pt"), saved, full_state_dict(model)
 
 

@@ -5,7 +5,6 @@ normalizer (the guard) does not."""
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -90,16 +89,10 @@ def _rank(rank: int, port: int, strategy: str, out: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_two_ranks_update_the_weights_of_one_process(strategy, tmp_path):
+def test_two_ranks_update_the_weights_of_one_process(strategy, tmp_path, free_port):
     out = str(tmp_path / "ranks.pt")
-    mp.start_processes(_rank, args=(_free_port(), strategy, out), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(_rank, args=(free_port(), strategy, out), nprocs=WORLD, start_method="spawn")
     got = torch.load(out)
     for mode in EXACT_MODES:
         want, want_stats = _step(mode, Parallel())

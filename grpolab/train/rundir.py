@@ -19,7 +19,9 @@ from pathlib import Path
 from grpolab.errors import ConfigError
 
 RUN_FILE = "run.json"
-RUN_MARKERS = (RUN_FILE, "config.yaml", "metrics.jsonl", "checkpoints", "final", "eval.json", "grpolab_rm.json")
+RESULTS = ("final", "eval.json", "grpolab_rm.json")
+"""Files and folders that make a folder hold a run by being there (besides logged steps,
+checkpoints and a finished run.json)."""
 
 
 def holds_run(path: Path) -> bool:
@@ -33,8 +35,7 @@ def holds_run(path: Path) -> bool:
         return True
     if any((path / "checkpoints").glob("step-*")) or read_run(path).get("status") == "finished":
         return True
-    return any((path / name).exists() for name in RUN_MARKERS if name not in (RUN_FILE, "config.yaml",
-                                                                              "metrics.jsonl", "checkpoints"))
+    return any((path / name).exists() for name in RESULTS)
 
 
 def read_run(path: Path) -> dict:

@@ -1,4 +1,4 @@
-"""Command line: grpolab demo | train | sft | eval | rm | report | compare | config | export."""
+"""Command line: grpolab demo | train | sft | eval | rm | pipeline | data | report | compare | config | export."""
 
 from __future__ import annotations
 
@@ -73,11 +73,6 @@ def _named_errors(run, args) -> int:
 
 def _train_run(args) -> int:
     from grpolab.config import ConfigError
-    from grpolab.dist.launch import init_parallel
-    from grpolab.report.progress import Progress
-    from grpolab.train.checkpoint import resolve_resume, step_of
-    from grpolab.train.run import make_run_dir, train_in_run_dir, write_config
-    from grpolab.train.setup import build_setup, resolve_compute_dtype
 
     cfg = _threads(_load_cfg(args))
     if args.resume and args.overwrite:
@@ -85,7 +80,19 @@ def _train_run(args) -> int:
     if args.resume:
         cfg = cfg.replace(**{"run.resume": cfg.run.resume or "auto"})
     if cfg.loss.policy_loss == "sft":
-        return _sft_from_cfg(cfg, overwrite=args.overwrite)
+        return sft_from_cfg(cfg, overwrite=args.overwrite)
+    return train_from_cfg(cfg, overwrite=args.overwrite)
+
+
+def train_from_cfg(cfg, overwrite: bool = False) -> int:
+    """`grpolab train` of a loaded config: run directory, resume (run.resume), the loop, final/."""
+    from grpolab.config import ConfigError
+    from grpolab.dist.launch import init_parallel
+    from grpolab.report.progress import Progress
+    from grpolab.train.checkpoint import resolve_resume, step_of
+    from grpolab.train.run import make_run_dir, train_in_run_dir, write_config
+    from grpolab.train.setup import build_setup, resolve_compute_dtype
+
     if cfg.run.resume == "auto" and not cfg.run.out_dir:
         raise ConfigError("--resume (run.resume=auto) needs the run folder to continue: add run.out_dir=DIR")
     par = init_parallel(cfg.model.device, cfg.train.parallel, resolve_compute_dtype(cfg.model.dtype, cfg.model.device))
@@ -94,11 +101,11 @@ def _train_run(args) -> int:
         from grpolab.config_reference import off_policy_note
 
         say(f"grpolab: note: {off_policy_note(cfg)}")
-    resume_from = None if args.overwrite else resolve_resume(cfg.run.resume, Path(cfg.run.out_dir or "."), say=say)
+    resume_from = None if overwrite else resolve_resume(cfg.run.resume, Path(cfg.run.out_dir or "."), say=say)
     if resume_from is not None and not cfg.run.out_dir:  # an explicit checkpoint: continue its run
         cfg = cfg.replace(**{"run.out_dir": str(resume_from.parent.parent)})
     run_dir = Path(_on_rank0(par, lambda: str(make_run_dir(cfg, command="train", resume=bool(cfg.run.resume),
-                                                            overwrite=args.overwrite))))
+                                                            overwrite=overwrite))))
     if par.is_main:
         write_config(cfg, run_dir)
     start = min(step_of(resume_from), cfg.train.steps) if resume_from is not None else 0
@@ -135,7 +142,7 @@ def _print_sft_loss(i: int, loss: float) -> None:
         print(f"[sft] step {i + 1} loss {loss:.4f}")
 
 
-def _sft_from_cfg(cfg, overwrite: bool = False) -> int:
+def sft_from_cfg(cfg, overwrite: bool = False) -> int:
     from grpolab.data.build import arith_task
     from grpolab.train.run import make_run_dir, write_config
     from grpolab.train.rundir import mark_finished
@@ -173,7 +180,7 @@ def _sft_run(args) -> int:
 
     base = args.config or "sft"
     cfg = _threads(C.from_preset(base, args.overrides) if base in C.PRESETS else C.load(base, args.overrides))
-    return _sft_from_cfg(cfg.replace(**{"loss.policy_loss": "sft"}), overwrite=args.overwrite)
+    return sft_from_cfg(cfg.replace(**{"loss.policy_loss": "sft"}), overwrite=args.overwrite)
 
 
 def _eval(args) -> int:
@@ -185,47 +192,17 @@ def _eval_run(args) -> int:
     rewards: greedy, and with --samples K sampled pass@1 / pass@K; JSON on stdout (and --out)."""
     import json
 
-    import torch
-
     from grpolab import config as C
-    from grpolab.models.loading import load_model
-    from grpolab.rollout.hf import HFEngine
-    from grpolab.train.evaluate import evaluate_arith, evaluate_task
-    from grpolab.train.setup import build_rewards
+    from grpolab.train.evaluate import evaluate_model, format_eval
 
     cfg = _threads(C.from_preset(args.config, args.overrides) if args.config in C.PRESETS
                    else C.load(args.config, args.overrides))
-    path = Path(args.model)
-    model, tok = load_model(str(path / "final" if (path / "final" / "config.json").is_file() else path))
-    items = _eval_items(cfg, tok)
-    rewards = build_rewards(cfg)
-    r = cfg.rollout
-    engine = HFEngine(tok, r.max_new_tokens, r.temperature, r.top_p, r.top_k)
-    gen = torch.Generator().manual_seed(cfg.train.seed)
-    res = evaluate_task(model, engine, items, rewards, samples=args.samples, generator=gen)
-    if cfg.data.source == "builtin:arith" and not cfg.data.eval_source:  # the task's refusal metrics too
-        res["arith"] = {k: v for k, v in evaluate_arith(model, engine, items).items() if k != "examples"}
-    text = json.dumps({k: v for k, v in res.items() if k != "examples"}, indent=2)
+    res = evaluate_model(args.model, cfg, samples=args.samples)
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2))
-    print(text)
-    _stderr("\n".join(f"{part:<8} {k:<28} {v:.4f}" for part in ("greedy", "sampled")
-                       for k, v in res.get(part, {}).items() if isinstance(v, float)))
+    print(json.dumps({k: v for k, v in res.items() if k != "examples"}, indent=2))
+    _stderr(format_eval(res))
     return 0
-
-
-def _eval_items(cfg, tokenizer) -> list:
-    """The held-out prompts: data.eval_source (its first data.eval_prompts), or builtin:arith's split."""
-    from grpolab.config import ConfigError
-    from grpolab.data.build import arith_eval_items, prompt_stream
-
-    if cfg.data.eval_source:
-        stream = prompt_stream(cfg.replace(**{"data.source": cfg.data.eval_source}), tokenizer)
-        return list(stream.items)[: cfg.data.eval_prompts]
-    if cfg.data.source == "builtin:arith":
-        return arith_eval_items(cfg)
-    raise ConfigError(f"data.eval_source: the held-out prompts of data.source={cfg.data.source!r} are needed for "
-                      "grpolab eval (e.g. data.eval_source=jsonl:heldout.jsonl); training prompts are not held out")
 
 
 def _report(args) -> int:
@@ -254,6 +231,41 @@ def _export_run(args) -> int:
     from grpolab.train.export import export_run
 
     print(f"exported to {export_run(args.run_dir, args.out, args.step)}")
+    return 0
+
+
+def _pipeline(args) -> int:
+    return _named_errors(_pipeline_run, args)
+
+
+def _pipeline_run(args) -> int:
+    from grpolab.pipeline import format_table, load_pipeline, run_pipeline
+
+    p = load_pipeline(args.config, args.overrides)
+    payload = run_pipeline(p, redo=args.redo, report=not args.no_report)
+    print(format_table(payload))
+    print(f"pipeline directory: {p.out_dir}")
+    return 0
+
+
+def _data(args) -> int:
+    return _named_errors(_data_run, args)
+
+
+def _data_run(args) -> int:
+    from grpolab.data.export import export_builtin
+
+    if "=" in args.config:  # no config given: the first positional is an override
+        args.config, args.overrides = "grpo", [args.config, *args.overrides]
+    cfg = _load_cfg(args)
+    if cfg.data.source != "builtin:arith":
+        from grpolab.config import ConfigError
+
+        raise ConfigError(f"data.source={cfg.data.source!r}: grpolab data writes the built-in task (builtin:arith)")
+    files = export_builtin(cfg, Path(args.out), prompts=args.prompts, pairs=args.pairs,
+                           heldout_pairs=args.heldout_pairs)
+    for name, path in files.items():
+        print(f"{name:<24} {path}")
     return 0
 
 
@@ -332,6 +344,27 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--out", required=True, help="a new folder")
     x.add_argument("--step", type=int, default=None, help="a step checkpoint (default: the final policy)")
     x.set_defaults(fn=_export)
+
+    pl = sub.add_parser("pipeline", help="the seed's pipeline from one YAML: SFT -> reward models -> GRPO -> "
+                                         "evaluation -> report (finished stages are skipped on a re-run)")
+    pl.add_argument("config", help="a pipeline YAML file (see examples/seed_pipeline.yaml)")
+    pl.add_argument("overrides", nargs="*", help="SECTION.key=value, e.g. grpo.train.steps=5 or "
+                                                 "reward_models.accuracy.steps=50")
+    pl.add_argument("--from", dest="redo", default="", metavar="STAGE",
+                    help="redo this stage (sft, reward_models, grpo, eval) and the ones after it; their folders "
+                         "are moved aside")
+    pl.add_argument("--no-report", action="store_true", help="skip the GRPO stage's report.html")
+    pl.set_defaults(fn=_pipeline)
+
+    dt = sub.add_parser("data", help="write the built-in task as JSONL files: SFT pairs, GRPO prompts, held-out "
+                                     "prompts, preference pairs of the accuracy and refusal reward models")
+    dt.add_argument("config", nargs="?", default="grpo", help="a preset or YAML file (data.*, sft.* settings)")
+    dt.add_argument("overrides", nargs="*")
+    dt.add_argument("--out", required=True, help="output folder")
+    dt.add_argument("--prompts", type=int, default=2000, help="GRPO training prompts")
+    dt.add_argument("--pairs", type=int, default=2000, help="training preference pairs per reward model")
+    dt.add_argument("--heldout-pairs", type=int, default=500, help="held-out preference pairs per reward model")
+    dt.set_defaults(fn=_data)
 
     k = sub.add_parser("config", help="print every config field of a preset or YAML file: value, type, doc, choices")
     k.add_argument("config", help="a preset name (grpo, dapo, ...) or a YAML file")

@@ -87,7 +87,8 @@ def _file_pairs(args, tokenizer):
     return [pairs[i] for i in order[:-k]], [pairs[i] for i in order[-k:]]
 
 
-def _train(args) -> int:
+def train(args) -> int:
+    """`grpolab rm` with parsed args; bad input raises (ValueError, FileNotFoundError, FileExistsError)."""
     from grpolab.train.reward_model import (
         TINY_BASE,
         base_tokenizer,
@@ -147,7 +148,7 @@ def _train(args) -> int:
 def run(args) -> int:
     """Runs `grpolab rm`; bad input ends with one line naming the culprit (GRPOLAB_DEBUG=1: traceback)."""
     try:
-        return _train(args)
+        return train(args)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         if os.environ.get("GRPOLAB_DEBUG"):
             raise

@@ -166,12 +166,21 @@ def load_yaml(path: str, overrides: list[str], config_cls, presets: dict[str, di
         raise _err(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
     if not isinstance(data, dict):
         raise _err(f"{path}:1: the config must be a mapping of sections (model:, rollout:, ...)")
-    lines = _key_lines(text)
-    preset = data.get("preset", "grpo")
+    return from_mapping(data, overrides, config_cls, presets, _key_lines(text), path)
+
+
+def from_mapping(data: dict, overrides: list[str], config_cls, presets: dict[str, dict[str, Any]],
+                 lines: dict[str, int] | None = None, source: str = "", default_preset: str = "grpo"):
+    """A `config_cls` from parsed YAML sections: `preset:` (default `default_preset`) gives the starting
+    values, the sections replace them field by field, then `overrides`. lines (dotted key -> line of
+    `source`) lets errors name the file and line."""
+    lines = lines or {}
+    preset = data.get("preset", default_preset)
     if not isinstance(preset, str) or preset not in presets:
-        raise _err(f"{path}:{lines.get('preset', 1)}: preset: unknown preset {preset!r}; choose one of {', '.join(presets)}")
+        where = f"{source}:{lines.get('preset', 1)}: " if source else ""
+        raise _err(f"{where}preset: unknown preset {preset!r}; choose one of {', '.join(presets)}")
     base = apply_overrides(config_cls(preset=preset), override_strings(presets[preset]))
-    cfg = build(config_cls, _merge(dataclasses.asdict(base), data), "", lines, path)
+    cfg = build(config_cls, _merge(dataclasses.asdict(base), data), "", lines, source)
     return apply_overrides(cfg, overrides)
 
 

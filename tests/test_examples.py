@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ from grpolab import cli
 from grpolab import config as C
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+ALL = sorted((ROOT / "examples").glob("*.yaml"))
+PIPELINES = [p for p in ALL if any(line.startswith("grpo:") for line in p.read_text().splitlines())]
+EXAMPLES = [p for p in ALL if p not in PIPELINES]  # training configs; pipelines run in tests/test_pipeline.py
 SMALL = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "train.minibatch_size=4",
          "train.microbatch_size=2", "train.epochs=1", "train.steps=1", "run.checkpoint_every=0",
          "run.progress=false", "run.tensorboard=false"]
@@ -21,6 +24,34 @@ SMALL = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_
 
 def test_there_are_examples():
     assert len(EXAMPLES) >= 3
+    assert [p.name for p in PIPELINES] == ["seed_pipeline.yaml"]  # the one tests/test_pipeline.py runs
+
+
+def _data_command() -> list[str]:
+    """The `grpolab data` command in seed_pipeline.yaml's header (a comment, continued by backslashes)."""
+    lines = iter((ROOT / "examples" / "seed_pipeline.yaml").read_text().splitlines())
+    words = []
+    for line in lines:
+        if "grpolab data " in line:
+            while True:
+                words.append(line.lstrip("#").strip().removesuffix("\\"))
+                if not line.endswith("\\"):
+                    return shlex.split(" ".join(words))[2:]
+                line = next(lines)
+    raise AssertionError("no `grpolab data` command in the header")
+
+
+def test_example_task_files_are_what_grpolab_data_writes(tmp_path):
+    """examples/data/arith/ is the output of the command in seed_pipeline.yaml's header, byte for byte."""
+    args = _data_command()
+    out = args.index("--out")
+    assert args[out + 1] == "examples/data/arith"
+    args[out + 1] = str(tmp_path)
+    assert cli.main(["data", *args]) == 0
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == sorted(p.name for p in (ROOT / "examples" / "data" / "arith").iterdir())
+    for name in written:
+        assert (tmp_path / name).read_bytes() == (ROOT / "examples" / "data" / "arith" / name).read_bytes(), name
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)

@@ -90,3 +90,49 @@ def evaluate_task(model, engine: HFEngine, items, rewards, samples: int = 0, gen
     out["examples"] = [{"prompt": p, "completion": t} for p, t in list(zip(prompts, texts))[:12]]
     return out
 
+
+
+def eval_items(cfg, tokenizer) -> list:
+    """The held-out prompts: data.eval_source (its first data.eval_prompts), or builtin:arith's split."""
+    from grpolab.config import ConfigError
+    from grpolab.data.build import arith_eval_items, prompt_stream
+
+    if cfg.data.eval_source:
+        stream = prompt_stream(cfg.replace(**{"data.source": cfg.data.eval_source}), tokenizer)
+        return list(stream.items)[: cfg.data.eval_prompts]
+    if cfg.data.source == "builtin:arith":
+        return arith_eval_items(cfg)
+    raise ConfigError(f"data.eval_source: the held-out prompts of data.source={cfg.data.source!r} are needed for "
+                      "grpolab eval (e.g. data.eval_source=jsonl:heldout.jsonl); training prompts are not held out")
+
+
+def model_folder(path) -> str:
+    """An HF folder as given, or a run directory's final/."""
+    from pathlib import Path
+
+    path = Path(path)
+    return str(path / "final" if (path / "final" / "config.json").is_file() else path)
+
+
+def evaluate_model(model_path, cfg, samples: int = 0) -> dict:
+    """`grpolab eval`: the model at `model_path` (an HF folder or a run directory) on cfg's held-out
+    prompts (`eval_items`), scored by cfg's rewards (`evaluate_task`); for the built-in task's own
+    split also its refusal metrics (`evaluate_arith`, under "arith")."""
+    from grpolab.models.loading import load_model
+    from grpolab.train.setup import build_rewards
+
+    model, tok = load_model(model_folder(model_path))
+    items = eval_items(cfg, tok)
+    r = cfg.rollout
+    engine = HFEngine(tok, r.max_new_tokens, r.temperature, r.top_p, r.top_k)
+    gen = torch.Generator().manual_seed(cfg.train.seed)
+    res = evaluate_task(model, engine, items, build_rewards(cfg), samples=samples, generator=gen)
+    if cfg.data.source == "builtin:arith" and not cfg.data.eval_source:
+        res["arith"] = {k: v for k, v in evaluate_arith(model, engine, items).items() if k != "examples"}
+    return res
+
+
+def format_eval(res: dict) -> str:
+    """The float metrics of an `evaluate_task` result as a two-column table."""
+    return "\n".join(f"{part:<8} {k:<28} {v:.4f}" for part in ("greedy", "sampled")
+                     for k, v in res.get(part, {}).items() if isinstance(v, float))

@@ -151,6 +151,16 @@ class RolloutConfig:
     and up), not on tiny ones; costs the linear weights' size again in memory during the rollout.
     Rejected with rollout.compile=true and model.dtype=bfloat16; ignored when model.dtype=auto
     resolves to bfloat16, and on a GPU."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (Yu et al. 2025; verl's algorithm.filter_groups.enable): groups with all
+    rewards equal are dropped and more batches of prompts_per_step prompts generated until
+    prompts_per_step groups with unequal rewards are kept (train/dynamic_sampling.py). Needs group_size ≥ 2."""
+    dynamic_sampling_reward: str = ""
+    """The reward whose spread decides (verl's filter_groups.metric): empty = the weighted sum (verl's
+    seq_reward), or one reward's name or label, e.g. the verifier (verl's acc) beside an overlong reward."""
+    max_generation_batches: int = 10
+    """Most batches generated in a step, the first included (verl's max_num_gen_batches; 0 = no limit). verl
+    raises there; here the earliest dropped groups fill the batch (a console note; see loss.filter_zero_std_groups)."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +219,7 @@ class LossConfig:
     mask_truncated: bool = False
     """Give no loss to completions cut at max_new_tokens."""
     filter_zero_std_groups: bool = False
-    """Drop groups whose rewards are all equal from the loss (DAPO dynamic sampling, without resampling)."""
+    """Drop groups whose rewards are all equal from the loss, without resampling (see rollout.dynamic_sampling)."""
 
 
 @dataclass(frozen=True)
@@ -448,6 +458,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "loss.kl_coef": 0.0,
         "loss.loss_agg": "token-mean",
         "loss.filter_zero_std_groups": True,
+        "rollout.dynamic_sampling": True,
     },
     "gspo": {
         "loss.policy_loss": "gspo",

@@ -453,10 +453,23 @@ def _check_rewards(cfg) -> None:
                    "give each a distinct label (e.g. label: accuracy_rm)")
 
 
+def _check_dynamic_sampling(cfg) -> None:
+    r, names = cfg.rollout, [spec.display_name for spec in cfg.rewards]
+    if r.max_generation_batches < 0:
+        raise _err(f"rollout.max_generation_batches={r.max_generation_batches} must be ≥ 0 (0 = no limit)")
+    if r.dynamic_sampling and r.group_size < 2:
+        raise _err(f"rollout.dynamic_sampling=true drops groups whose rewards are all equal, as every group of "
+                   f"rollout.group_size={r.group_size} is; set rollout.group_size ≥ 2")
+    if r.dynamic_sampling_reward not in ("", *names):
+        raise _err(f"rollout.dynamic_sampling_reward={r.dynamic_sampling_reward!r} is not one of this run's "
+                   f"rewards {names}; name one, or leave it empty for their weighted sum")
+
+
 def validate_config(cfg) -> None:
     """Raises ConfigError naming the field and the fix for an impossible setting."""
     _check_choices(cfg)
     _check_ranges(cfg)
     _check_sizes(cfg)
     _check_rewards(cfg)
+    _check_dynamic_sampling(cfg)
     _check_outputs(cfg)

@@ -237,3 +237,18 @@ def test_ratio_losses_are_never_counted_off_policy():
     assert cfg.optimizer_steps_per_step > 1 and cfg.off_policy_steps == 0
     with pytest.raises(C.ConfigError, match=r"train.minibatch_size=-1 must be ≥ 1, or 0"):
         C.from_preset("grpo", ["train.minibatch_size=-1"])
+
+
+def test_dynamic_sampling_settings_are_checked_and_the_dapo_preset_uses_them():
+    dapo = C.from_preset("dapo")
+    assert dapo.rollout.dynamic_sampling and dapo.rollout.max_generation_batches == 10
+    assert dapo.loss.filter_zero_std_groups  # groups filling a capped batch get no loss
+    assert not C.from_preset("grpo").rollout.dynamic_sampling
+    with pytest.raises(C.ConfigError, match=r"rollout.dynamic_sampling=true .* rollout.group_size=1 is; set rollout.group_size ≥ 2"):
+        C.from_preset("dapo", ["rollout.group_size=1", "loss.advantage=reinforce", "train.minibatch_size=16",
+                               "train.microbatch_size=16"])
+    with pytest.raises(C.ConfigError, match=r"rollout.max_generation_batches=-1 must be ≥ 0"):
+        C.from_preset("dapo", ["rollout.max_generation_batches=-1"])
+    with pytest.raises(C.ConfigError, match=r"rollout.dynamic_sampling_reward='acc' is not one of"):
+        C.from_preset("dapo", ["rollout.dynamic_sampling_reward=acc"])
+    assert C.from_preset("dapo", ["rollout.dynamic_sampling_reward=exact_match"]).rollout.dynamic_sampling_reward

@@ -66,6 +66,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("skipped_steps", "optimizer steps skipped so far (e.g. non-finite gradients)",
                "count", "int"),
     MetricSpec("reward_errors", "reward-function calls that raised so far", "count", "int"),
+    MetricSpec("rollout/gen_batches", "rollout.dynamic_sampling: batches of prompts_per_step prompts generated "
+               "in the step (1 = no extra batch; verl's num_gen_batches)", "count", "int", required=False),
+    MetricSpec("rollout/dropped_groups", "rollout.dynamic_sampling: groups of equal rewards generated in the step "
+               "and not trained on (every rank's)", "count", "int", required=False),
 )
 
 METRIC_BY_KEY: dict[str, MetricSpec] = {m.key: m for m in METRICS}

@@ -4,8 +4,8 @@
 function. The name is looked up in this order:
 
 1. a built-in reward (`BUILTIN_REWARDS`: the reward classes of rules.py, verifiers.py, code.py,
-   reward_model.py, by their `name`) or one registered with `register_reward(name)`: its factory
-   is called with the kwargs;
+   reward_model.py, self_likelihood.py, shaping.py, by their `name`) or one registered with
+   `register_reward(name)`: its factory is called with the kwargs;
 2. 'module:attr' (e.g. "mypkg.rewards:length_penalty"; attr may be dotted, "mod:Class.method"):
    the module is imported (it must be on sys.path / PYTHONPATH) and the attribute is
    - a class: a factory, instantiated with the kwargs;
@@ -63,11 +63,11 @@ _REGISTERED: dict[str, RewardEntry] = {}
 @functools.cache
 def builtin_rewards() -> dict[str, RewardEntry]:
     """The built-in rewards by name (their modules are imported on the first call)."""
-    from grpolab.rewards import code, reward_model, rules, verifiers
+    from grpolab.rewards import code, reward_model, rules, self_likelihood, shaping, verifiers
 
     classes = (rules.ExactMatch, rules.Refusal, rules.Format, verifiers.AnswerFormat,
                verifiers.ReasoningGymReward, verifiers.MathVerifyReward, code.CodeTests,
-               reward_model.RewardModelReward)
+               reward_model.RewardModelReward, self_likelihood.SelfLikelihood, shaping.Overlong)
     return {cls.name: RewardEntry(cls) for cls in classes}
 
 

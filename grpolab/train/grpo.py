@@ -1,7 +1,8 @@
 """The GRPO loop: Phase A (rollout, rewards, advantages; no grad), then Phase B (learning).
 
     for step:
-        Phase A  π_old = the current policy, frozen. Sample G completions per prompt, score them,
+        Phase A  π_old = the current policy, frozen. Sample G completions per prompt, score them
+                 (rollout.dynamic_sampling: DAPO's, keeping only groups whose rewards differ),
                  record log π_old (when needed) and log π_ref (with a KL), turn rewards (minus
                  β·KL(π_old ‖ π_ref) with loss.kl_in_reward) into advantages.
         Phase B  epochs × shuffled minibatches (one optimizer step each) × microbatches
@@ -19,8 +20,9 @@ import torch
 from grpolab.algo.kl import KL_ESTIMATORS, sequence_kl
 from grpolab.rewards.base import combine
 from grpolab.rollout.types import Rollout, scatter_rows
+from grpolab.train.dynamic_sampling import draw_batch
 from grpolab.train.setup import Setup
-from grpolab.train.stats import StepRecord, StepStats, score_rollout
+from grpolab.train.stats import StepRecord, StepStats
 
 
 def train(s: Setup) -> list[dict]:
@@ -28,20 +30,14 @@ def train(s: Setup) -> list[dict]:
 
     On several ranks each runs this same loop on its own P / world prompts (whole groups) and its
     share of every minibatch; `s.parallel` reduces what must be global (see grpolab.dist.parallel)."""
-    cfg, G, P = s.cfg, s.cfg.rollout.group_size, s.cfg.rollout.prompts_per_step
+    cfg, G = s.cfg, s.cfg.rollout.group_size
     rows = []
     for step in range(s.start_step, cfg.train.steps):
         st = StepStats(step)
         s.seed_step(step)  # sampling and shuffling streams of (seed, rank, step)
         # ---------------- Phase A: rollout. π_old is the current policy; nothing here has a grad.
-        with torch.no_grad(), st.timer("rollout"):
-            s.progress.phase("rollout")
-            items = s.parallel.shard(s.prompts.next_batch(P))  # this rank's groups
-            ro = s.engine.generate([it.prompt for it in items], G, generator=s.sample_gen)
-            texts = s.engine.decode(ro)
-        with torch.no_grad(), st.timer("score"):
-            s.progress.phase("score")
-            scores, rewards = score_rollout(s.rewards, items, texts, ro, s.on_reward_error, st)  # [N] weighted sum
+        with torch.no_grad():  # this rank's groups, generated and scored (rewards: [N] weighted sum)
+            items, ro, texts, scores, rewards = draw_batch(s, st)  # with DAPO's dynamic sampling when set
         with torch.no_grad(), st.timer("logprob"):
             ro = record_logprobs(s, ro)  # before the advantages: a KL in the reward reads them
         with torch.no_grad(), st.timer("score"):

@@ -15,18 +15,24 @@ from grpolab.rewards.base import RewardError, combine, score_batch
 from grpolab.rewards.registry import is_verifier
 
 
-def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "StepStats"):
+def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "StepStats",
+                  max_new_tokens: int | None = None):
     """Scores every completion with every reward function and combines them.
 
     rewards: list of (RewardFn, weight). Returns (scores: name -> [N] (NaN = abstained),
     combined [N]). on_error: raise | zero (the failing function scores 0 for the batch) |
     skip_group (its rows become NaN: abstain). The count of errors is kept in st, and so are the
     names of the verifier rewards, in config order (the candidates of the `accuracy` metric).
+    Each row's metadata: its prompt's meta, `truncated`, `completion_tokens` (generated tokens,
+    EOS included) and, when given, `max_new_tokens` (rollout.max_new_tokens; rewards/shaping.py).
     """
     G = ro.group_size
     prompts = [it.prompt for it in items for _ in range(G)]
     trunc = ro.truncated.tolist()
-    metas = [{**items[i // G].meta, "truncated": trunc[i]} for i in range(len(texts))]
+    lengths = ro.attention_mask[:, ro.prompt_len:].sum(-1).tolist()
+    limit = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
+    metas = [{**items[i // G].meta, "truncated": trunc[i], "completion_tokens": int(lengths[i]), **limit}
+             for i in range(len(texts))]
     scores, weights = {}, {}
     st.verifiers = [fn.name for fn, _w in rewards if is_verifier(fn)]
     for fn, w in rewards:
@@ -127,6 +133,8 @@ class StepStats:
         self.learn_tokens = 0
         self.verifiers: list[str] = []  # score names of the verifier rewards, in config order
         self.notes: list[str] = []  # degraded behaviour (a reward replaced after an error)
+        self.gen_batches: int | None = None  # rollout.dynamic_sampling: batches drawn (alike on every rank)
+        self.dropped_groups = 0  # rollout.dynamic_sampling: groups of equal rewards not trained on
         self.t0 = time.perf_counter()
 
     @contextlib.contextmanager
@@ -142,12 +150,14 @@ class StepStats:
         self.ratio_max = max(self.ratio_max, float(stats["ratio_max"]))
 
     def reduce(self, parallel) -> "StepStats":
-        """Sums the microbatch sums and reward errors over ranks, min/max the ratio extremes (every
-        rank then holds the step's global statistics); returns self. Timers stay this rank's."""
-        sums, mins, maxs = parallel.reduce_floats([self.sums.get(k, 0.0) for k in _SUMS] + [self.reward_errors],
+        """Sums the microbatch sums, reward errors and dropped groups over ranks, min/max the ratio
+        extremes (every rank then holds the step's global statistics); returns self. Timers stay
+        this rank's."""
+        counts = [self.reward_errors, self.dropped_groups]
+        sums, mins, maxs = parallel.reduce_floats([self.sums.get(k, 0.0) for k in _SUMS] + counts,
                                                   [self.ratio_min], [self.ratio_max])
         self.sums = dict(zip(_SUMS, sums))
-        self.reward_errors = int(sums[-1])
+        self.reward_errors, self.dropped_groups = int(sums[-2]), int(sums[-1])
         self.ratio_min, self.ratio_max = mins[0], maxs[0]
         return self
 
@@ -192,5 +202,7 @@ class StepStats:
             "skipped_steps": self.skipped,
             "reward_errors": self.reward_errors,
         })
+        if self.gen_batches is not None:
+            row.update({"rollout/gen_batches": self.gen_batches, "rollout/dropped_groups": self.dropped_groups})
         row["mfu"] = s.mfu(row)
         return row

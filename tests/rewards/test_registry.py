@@ -13,7 +13,8 @@ from grpolab.rewards import base, registry
 from grpolab.rewards.registry import FunctionReward, build_reward, is_verifier, register_reward, reward_names
 
 BUILTIN_VERIFIERS = {"exact_match": True, "refusal": False, "format": False, "answer_format": False,
-                     "reasoning_gym": True, "math_verify": True, "code_tests": True, "reward_model": False}
+                     "reasoning_gym": True, "math_verify": True, "code_tests": True, "reward_model": False,
+                     "self_likelihood": False, "overlong": False}
 
 USER_MODULE = '''
 calls = []

@@ -197,7 +197,7 @@ def _eval_run(args) -> int:
 
     cfg = _threads(C.from_preset(args.config, args.overrides) if args.config in C.PRESETS
                    else C.load(args.config, args.overrides))
-    res = evaluate_model(args.model, cfg, samples=args.samples)
+    res = evaluate_model(args.model, cfg, samples=args.samples, best_of=args.best_of)
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2))
     print(json.dumps({k: v for k, v in res.items() if k != "examples"}, indent=2))
@@ -326,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("overrides", nargs="*")
     e.add_argument("--samples", type=int, default=0, metavar="K", help="also K sampled completions per prompt: "
                                                                         "mean reward, pass@1, pass@K")
+    e.add_argument("--best-of", type=int, default=0, metavar="N",
+                   help="also best-of-N by the model's own sequence likelihood vs greedy (the inference-time "
+                        "effect of sharpening)")
     e.add_argument("--out", default="", help="also write the result (with examples) to this JSON file")
     e.set_defaults(fn=_eval)
 
@@ -371,12 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("overrides", nargs="*", help="key=value overrides, e.g. loss.loss_agg=token-mean")
     k.set_defaults(fn=_config)
 
-    try:
-        from grpolab import cli_rm
+    from grpolab import cli_rm, cli_sharpen
 
-        cli_rm.add_parser(sub)
-    except ImportError:
-        pass
+    cli_rm.add_parser(sub)
+    cli_sharpen.add_parser(sub)
     return p
 
 

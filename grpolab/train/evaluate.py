@@ -114,25 +114,44 @@ def model_folder(path) -> str:
     return str(path / "final" if (path / "final" / "config.json").is_file() else path)
 
 
-def evaluate_model(model_path, cfg, samples: int = 0) -> dict:
-    """`grpolab eval`: the model at `model_path` (an HF folder or a run directory) on cfg's held-out
-    prompts (`eval_items`), scored by cfg's rewards (`evaluate_task`); for the built-in task's own
-    split also its refusal metrics (`evaluate_arith`, under "arith")."""
+def evaluate_model(model_path, cfg, samples: int = 0, best_of: int = 0) -> dict:
+    """`grpolab eval`: the model at `model_path` (an HF folder or a run directory) by `evaluate_policy`."""
     from grpolab.models.loading import load_model
-    from grpolab.train.setup import build_rewards
 
-    model, tok = load_model(model_folder(model_path))
-    items = eval_items(cfg, tok)
+    model, tok = load_model(model_folder(model_path), device=cfg.model.device)
+    return evaluate_policy(model, tok, cfg, samples, best_of=best_of)
+
+
+def evaluate_policy(model, tokenizer, cfg, samples: int = 0, items=None, best_of: int = 0) -> dict:
+    """A policy on cfg's held-out prompts (`eval_items`, or `items`), scored by cfg's rewards
+    (`evaluate_task`), generating as training does (rollout.* sampling, model.dtype compute dtype,
+    sampling seeded by train.seed); for the built-in task's own split also its refusal metrics
+    (`evaluate_arith`, under "arith"). best_of = n > 0: also greedy vs best-of-n by the model's own
+    sequence likelihood (`train.sharpen.best_of_n_eval`, under "best_of_n"). What `grpolab eval`, the
+    demo and bench/real_model.py report."""
+    from grpolab.train.setup import build_rewards, resolve_compute_dtype
+
+    items = eval_items(cfg, tokenizer) if items is None else items
     r = cfg.rollout
-    engine = HFEngine(tok, r.max_new_tokens, r.temperature, r.top_p, r.top_k)
-    gen = torch.Generator().manual_seed(cfg.train.seed)
-    res = evaluate_task(model, engine, items, build_rewards(cfg), samples=samples, generator=gen)
-    if cfg.data.source == "builtin:arith" and not cfg.data.eval_source:
+    engine = HFEngine(tokenizer, r.max_new_tokens, r.temperature, r.top_p, r.top_k,
+                      compute_dtype=resolve_compute_dtype(cfg.model.dtype, cfg.model.device))
+    gen = torch.Generator(device=cfg.model.device).manual_seed(cfg.train.seed)
+    rewards = build_rewards(cfg)
+    res = evaluate_task(model, engine, items, rewards, samples=samples, generator=gen)
+    arith = cfg.data.source == "builtin:arith" and not cfg.data.eval_source
+    if arith:
         res["arith"] = {k: v for k, v in evaluate_arith(model, engine, items).items() if k != "examples"}
+    if best_of > 0:
+        from grpolab.train.sharpen import best_of_n_eval
+
+        res["best_of_n"] = best_of_n_eval(model, engine, items, rewards, best_of, gen, arith=arith)
     return res
 
 
 def format_eval(res: dict) -> str:
-    """The float metrics of an `evaluate_task` result as a two-column table."""
-    return "\n".join(f"{part:<8} {k:<28} {v:.4f}" for part in ("greedy", "sampled")
-                     for k, v in res.get(part, {}).items() if isinstance(v, float))
+    """The float metrics of an `evaluate_policy` result as a two-column table."""
+    rows = [(part, k, v) for part in ("greedy", "sampled") for k, v in res.get(part, {}).items()]
+    bo = res.get("best_of_n", {})
+    rows += [(f"bo{bo['n']}:{part}", k, v) for part in ("greedy", "best_of_n", "sampled")
+             for k, v in bo.get(part, {}).items()]
+    return "\n".join(f"{part:<18} {k:<28} {v:.4f}" for part, k, v in rows if isinstance(v, float))

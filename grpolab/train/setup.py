@@ -34,10 +34,15 @@ class TrainingStopped(RuntimeError):
 
 def build_rewards(cfg: Config) -> list:
     """The config's reward functions as [(RewardFn, weight)], each named by its display name and
-    limited to train.reward_timeout_s per call."""
+    limited to train.reward_timeout_s per call. self_likelihood without kwargs.path scores under the
+    model that model.name_or_path loads (the starting policy π0, without LoRA adapters)."""
     rewards = []
     for spec in cfg.rewards:
-        fn = build_reward(spec.name, **spec.kwargs)
+        kwargs = spec.kwargs
+        if spec.name == "self_likelihood" and "path" not in kwargs and "model" not in kwargs:
+            pi0, tok = load_policy(cfg.replace(**{"model.lora_rank": 0}))
+            kwargs = {**kwargs, "model": pi0, "tokenizer": tok}
+        fn = build_reward(spec.name, **kwargs)
         fn.name = spec.display_name
         fn.timeout_s = cfg.train.reward_timeout_s
         rewards.append((fn, spec.weight))

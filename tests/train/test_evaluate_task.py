@@ -50,3 +50,12 @@ def test_a_jsonl_task_by_its_eval_source_and_rewards(model_dir, capsys, tmp_path
 def test_a_source_without_held_out_prompts_is_named(model_dir, capsys):
     assert cli.main(["eval", str(model_dir), "grpo", *TINY, "data.source=jsonl:train.jsonl"]) == 2
     assert "data.eval_source" in capsys.readouterr().err
+
+
+def test_best_of_n_by_self_likelihood_beside_greedy(model_dir, capsys):
+    res = _eval(capsys, model_dir, "grpo", *TINY, "--best-of", "4")
+    bo = res["best_of_n"]
+    assert bo["n"] == 4 and bo["prompts"] == 12
+    assert bo["greedy"]["accuracy"] == res["greedy"]["accuracy"]  # the same greedy completions
+    # the winner is the likeliest of the 4 samples, so no less likely than their mean
+    assert bo["best_of_n"]["self_likelihood"] >= bo["sampled"]["self_likelihood"]

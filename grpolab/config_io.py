@@ -465,6 +465,33 @@ def _check_dynamic_sampling(cfg) -> None:
                    f"rewards {names}; name one, or leave it empty for their weighted sum")
 
 
+def _check_value_head(cfg) -> None:
+    """loss.advantage=gae (PPO's value head): its options, and what it runs with."""
+    from grpolab.algo.advantages import VALUE_BASED
+    from grpolab.algo.losses import SEQUENCE_LEVEL
+
+    lo, m = cfg.loss, cfg.model
+    for name, v in (("loss.gae_gamma", lo.gae_gamma), ("loss.gae_lambda", lo.gae_lambda)):
+        if not 0 <= v <= 1:
+            raise _err(f"{name}={v} must be in [0, 1]")
+    if lo.value_coef < 0 or (lo.value_clip is not None and lo.value_clip <= 0):
+        raise _err(f"loss.value_coef={lo.value_coef} must be ≥ 0 and loss.value_clip={lo.value_clip} > 0 (or null)")
+    if lo.advantage not in VALUE_BASED:
+        return
+    why = f"loss.advantage={lo.advantage!r} trains a value head on the policy's trunk"
+    if lo.value_coef == 0:
+        raise _err(f"{why}, but loss.value_coef=0 leaves it untrained; set loss.value_coef > 0 (e.g. 0.1)")
+    if lo.policy_loss in SEQUENCE_LEVEL:
+        raise _err(f"loss.policy_loss={lo.policy_loss!r} has one ratio per sequence; loss.advantage={lo.advantage!r} "
+                   "gives one advantage per token: choose a token-level policy loss (e.g. clipped)")
+    for name, on in (("model.padding_free", m.padding_free), ("model.shared_prompt", m.shared_prompt),
+                     ("model.compile_scope=model with model.compile", m.compile and m.compile_scope == "model")):
+        if on:
+            raise _err(f"{why}, which reads the trunk's hidden states of padded rows: turn {name} off")
+    if cfg.world_size > 1:
+        raise _err(f"{why} in one process only; start it without torchrun / --nproc")
+
+
 def validate_config(cfg) -> None:
     """Raises ConfigError naming the field and the fix for an impossible setting."""
     _check_choices(cfg)
@@ -472,4 +499,5 @@ def validate_config(cfg) -> None:
     _check_sizes(cfg)
     _check_rewards(cfg)
     _check_dynamic_sampling(cfg)
+    _check_value_head(cfg)
     _check_outputs(cfg)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpolab import config_io
+from grpolab.algo.advantages import VALUE_BASED
 from grpolab.config import Config, RewardSpec
 
 
@@ -150,6 +151,10 @@ def derived_sizes(cfg: Config) -> list[str]:
              f"{cfg.minibatches_per_epoch} minibatches of {cfg.minibatch_sequences} sequences)"]
     if cfg.off_policy_steps:
         lines.append(off_policy_note(cfg))
+    lo = cfg.loss
+    if lo.advantage in VALUE_BASED:
+        lines.append(f"value head on the policy's trunk: per-token GAE (γ={lo.gae_gamma}, λ={lo.gae_lambda}), value "
+                     f"loss × loss.value_coef={lo.value_coef}; Phase A adds a no-grad trunk pass for V_old")
     return lines
 
 

@@ -92,5 +92,5 @@ def test_config_reference_of_a_yaml_file_with_overrides(tmp_path, capsys):
 
 
 def test_config_reference_of_a_bad_config_is_a_config_error(capsys):
-    assert cli.main(["config", "ppo"]) == 2
-    assert "'ppo' is neither a preset (sft, onpolicy_sft" in capsys.readouterr().err
+    assert cli.main(["config", "a2c"]) == 2
+    assert "'a2c' is neither a preset (sft, onpolicy_sft" in capsys.readouterr().err

@@ -24,6 +24,22 @@ def test_preset_values():
     assert C.from_preset("gspo").loss.policy_loss == "gspo"
 
 
+def test_seed_future_and_ppo_presets():
+    """Seed 004's futures (GRPO minus one trick each) and PPO with a value head."""
+    o1 = C.from_preset("sft_o1")
+    assert (o1.loss.policy_loss, o1.loss.advantage, o1.needs_reference) == ("weighted_nll", "relu", False)
+    assert o1.rollout.prompts_per_step == 8 and o1.train.steps == 100 and o1.optimizer_steps_per_step == 1
+    no_is = C.from_preset("grpo_no_is")
+    assert (no_is.loss.policy_loss, no_is.loss.advantage, no_is.loss.loss_agg) == (
+        "weighted_nll", "group_norm", "seq-mean-token-mean")
+    assert no_is.off_policy_steps == 1 and not no_is.needs_reference
+    assert C.from_preset("grpo_no_kl").loss.policy_loss == "clipped" and not C.from_preset("grpo_no_kl").needs_reference
+    ppo = C.from_preset("ppo")
+    assert (ppo.loss.advantage, ppo.loss.policy_loss, ppo.loss.loss_agg) == ("gae", "clipped", "token-mean")
+    assert ppo.loss.kl_in_reward and ppo.loss.kl_estimator == "k1" and ppo.loss.kl_coef == 0.05 and ppo.needs_old_logp_pass
+    assert (ppo.loss.gae_gamma, ppo.loss.gae_lambda, ppo.loss.value_coef, ppo.loss.value_clip) == (1.0, 0.95, 0.1, 0.2)
+
+
 def test_derived_sizes():
     cfg = C.from_preset("grpo", ["rollout.prompts_per_step=4", "rollout.group_size=8", "train.minibatch_size=16",
                                  "train.microbatch_size=4", "train.epochs=2"])
@@ -106,8 +122,8 @@ def test_yaml_preset_then_file_values_then_overrides(tmp_path):
 
 
 def test_unknown_preset():
-    with pytest.raises(C.ConfigError, match="unknown preset 'ppo'"):
-        C.from_preset("ppo")
+    with pytest.raises(C.ConfigError, match="unknown preset 'a2c'"):
+        C.from_preset("a2c")
 
 
 def test_bf16_weights_needs_a_bf16_model_dtype():

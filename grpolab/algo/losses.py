@@ -196,6 +196,10 @@ RATIO_FREE = frozenset({"weighted_nll"})
 """Policy losses without an importance ratio π_θ/π_old: on-policy only at a rollout's first optimizer
 step; later ones learn off-policy without correction (config.Config.off_policy_steps)."""
 
+SEQUENCE_LEVEL = frozenset({"gspo"})
+"""Policy losses whose ratio is one per sequence: they take one advantage per sequence, not the
+per-token advantages of loss.advantage=gae (every other loss is elementwise in ratio and advantage)."""
+
 
 def _lookup(table: dict, name: str, field: str):
     """table[name], or ValueError naming the field and the known names."""

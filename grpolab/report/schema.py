@@ -70,6 +70,13 @@ METRICS: tuple[MetricSpec, ...] = (
                "in the step (1 = no extra batch; verl's num_gen_batches)", "count", "int", required=False),
     MetricSpec("rollout/dropped_groups", "rollout.dynamic_sampling: groups of equal rewards generated in the step "
                "and not trained on (every rank's)", "count", "int", required=False),
+    MetricSpec("value/loss", "loss.advantage=gae: value loss 0.5·max((V-R)², (clip(V)-R)²) per trained token",
+               "reward²", required=False),
+    MetricSpec("value/clip_frac", "loss.advantage=gae: share of trained tokens where the clipped value term "
+               "was the larger (no value gradient)", "fraction", required=False),
+    MetricSpec("value/mean", "loss.advantage=gae: mean V_old over the counted tokens", "reward", required=False),
+    MetricSpec("value/explained_var", "loss.advantage=gae: 1 - Var(R - V_old)/Var(R) over the counted tokens "
+               "(1 = V_old predicts the returns)", "fraction", required=False),
 )
 
 METRIC_BY_KEY: dict[str, MetricSpec] = {m.key: m for m in METRICS}

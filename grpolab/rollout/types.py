@@ -36,7 +36,13 @@ class Rollout:
     rewards: torch.Tensor | None = None
     """[N] float32: combined reward (NaN = every reward function abstained)."""
     advantages: torch.Tensor | None = None
-    """[N] float32."""
+    """[N] float32 (with loss.advantage=gae: each row's mean of token_advantages over its counted tokens)."""
+    token_advantages: torch.Tensor | None = None
+    """[N, Lc] float32: per-token advantages (loss.advantage=gae: GAE, whitened); None otherwise."""
+    values: torch.Tensor | None = None
+    """[N, Lc] float32 (the value head's dtype): V_old of each completion token's state (loss.advantage=gae)."""
+    returns: torch.Tensor | None = None
+    """[N, Lc] float32: the value targets R = GAE advantages + V_old (loss.advantage=gae)."""
 
     @property
     def num_sequences(self) -> int:
@@ -94,6 +100,9 @@ class Rollout:
             sampler_logp=rows(self.sampler_logp, comp),
             rewards=rows(self.rewards),
             advantages=rows(self.advantages),
+            token_advantages=rows(self.token_advantages, comp),
+            values=rows(self.values, comp),
+            returns=rows(self.returns, comp),
         )
 
 

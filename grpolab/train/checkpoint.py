@@ -4,6 +4,7 @@ A checkpoint `RUN/checkpoints/step-N/` holds the state after N completed GRPO st
 
     model.safetensors      the policy's weights (safetensors; tied weights stored once)
     reference.safetensors  the frozen reference model, when it is a separate copy (KL on, no LoRA)
+    value_head.safetensors PPO's value head (loss.advantage=gae; one process only)
     optimizer.pt           AdamW state            } torch.save, read back with
     scheduler.pt           LR scheduler position  } torch.load(weights_only=True):
     rng.pt                 python, numpy, torch (CPU, CUDA) global generators
@@ -230,6 +231,8 @@ def write_state(setup, d: Path, step: int, reference_from: Path | None = None) -
             return
     else:
         save_model(setup.policy, str(d / "model.safetensors"))
+        if getattr(setup, "critic", None) is not None:
+            save_model(setup.critic.head, str(d / "value_head.safetensors"))
         if ref is not None:
             _write_reference(ref, d / "reference.safetensors", reference_from)
         torch.save(setup.optimizer.state_dict(), d / "optimizer.pt")
@@ -383,6 +386,11 @@ def _load_single(setup, path: Path) -> None:
     if setup.parallel.shards_parameters:
         return _load_sharded(setup, path, one_process=True)
     _load_weights(setup.policy, path / "model.safetensors")
+    if getattr(setup, "critic", None) is not None:
+        if not (path / "value_head.safetensors").is_file():
+            raise CheckpointError(f"checkpoint {path} has no value_head.safetensors but this config trains a value "
+                                  "head (loss.advantage=gae); was it saved by another preset?")
+        _load_weights(setup.critic.head, path / "value_head.safetensors")
     ref = reference_model(setup)
     if ref is not None:
         if not (path / "reference.safetensors").is_file():

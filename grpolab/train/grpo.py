@@ -3,14 +3,15 @@
     for step:
         Phase A  π_old = the current policy, frozen. Sample G completions per prompt, score them
                  (rollout.dynamic_sampling: DAPO's, keeping only groups whose rewards differ),
-                 record log π_old (when needed) and log π_ref (with a KL), turn rewards (minus
-                 β·KL(π_old ‖ π_ref) with loss.kl_in_reward) into advantages.
+                 record log π_old (when needed), log π_ref (with a KL) and V_old (PPO's value
+                 head), turn rewards (minus β·KL(π_old ‖ π_ref) with loss.kl_in_reward) into
+                 advantages (per token by GAE with a value head).
         Phase B  epochs × shuffled minibatches (one optimizer step each) × microbatches
                  (forward/backward, gradients accumulate). The rollout is read-only.
         After Phase B the updated policy is the next step's π_old.
 
-Every preset of the spectrum (on-policy SFT, REINFORCE, GRPO, Dr. GRPO, DAPO, GSPO, RLOO) runs
-through this same function; the variant was chosen once when `Setup` was built.
+Every preset of the spectrum (on-policy SFT, REINFORCE, GRPO, Dr. GRPO, DAPO, GSPO, RLOO, PPO with
+a value head) runs through this same function; the variant was chosen once when `Setup` was built.
 """
 
 from __future__ import annotations
@@ -42,8 +43,11 @@ def train(s: Setup) -> list[dict]:
             ro = record_logprobs(s, ro)  # before the advantages: a KL in the reward reads them
         with torch.no_grad(), st.timer("score"):
             # the batch-wide statistics of loss.std=batch are summed over the ranks' groups
-            adv = s.advantage_fn(shaped_rewards(s, ro, scores).view(-1, G), s.parallel.all_reduce_sum).flatten()
+            shaped = shaped_rewards(s, ro, scores)
+            adv = s.advantage_fn(shaped.view(-1, G), s.parallel.all_reduce_sum).flatten()
             ro = ro.replace(rewards=rewards, advantages=adv, loss_mask=s.train_mask(ro, rewards))
+            if s.critic is not None:  # PPO: per-token advantages and returns by GAE over V_old
+                ro = s.critic.advantages(ro, shaped)
         # ---------------- Phase B: learning on the frozen rollout.
         with st.timer("learn"):
             learn(s, ro, st)
@@ -51,6 +55,8 @@ def train(s: Setup) -> list[dict]:
         record = StepRecord.of(ro, items, texts, scores, st.notes)
         record = StepRecord.merge(s.parallel.gather(record))  # every rank's groups, in rank order
         row = st.reduce(s.parallel).finish(record, s)
+        if s.critic is not None:
+            row.update(s.critic.step_metrics(ro))  # value loss, clipped share, explained variance
         s.after_step(step, row, record)
         rows.append(row)
         if s.should_stop():
@@ -61,12 +67,15 @@ def train(s: Setup) -> list[dict]:
 def record_logprobs(s: Setup, ro: Rollout) -> Rollout:
     """Phase A's no-grad passes over every completion token: log π_old, when Phase B needs it
     before its first optimizer step (several minibatches) or loss.kl_in_reward does (else Phase B's
-    first minibatch, all rows under π_old, records it), and log π_ref with a reference model."""
+    first minibatch, all rows under π_old, records it), log π_ref with a reference model, and the
+    values V_old with a value head (PPO)."""
     if s.cfg.needs_old_logp_pass:
         ro = ro.replace(old_logp=s.forward.rollout_logprobs(s.train_model, ro))
     if s.reference is not None:
         with s.reference() as ref:
             ro = ro.replace(ref_logp=s.forward.rollout_logprobs(ref, ro))
+    if s.critic is not None:
+        ro = s.critic.record_values(ro)
     return ro
 
 

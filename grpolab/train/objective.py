@@ -93,13 +93,30 @@ def bind_options(policy_loss: Callable, loss_cfg) -> Callable:
     return functools.partial(policy_loss, **{name: getattr(loss_cfg, name) for name in names})
 
 
-def build_objective(loss_cfg, rollout_cfg, forward: LogProbForward) -> Objective:
-    """Selects the policy loss from the registry once; returns the callable objective."""
+def per_token_advantages(policy_loss: Callable) -> Callable:
+    """`policy_loss` taking per-token advantages adv [N, L] (loss.advantage=gae) instead of [N]: each
+    token is passed as a sequence of its own ([N·L, 1] log-probs, [N·L] advantages), which gives
+    exactly the loss a token-level policy loss (clipped, weighted_nll, cispo, sapo: elementwise in
+    ratio and advantage) would give with adv[:, t] at token t. Not for a sequence-level ratio
+    (algo.losses.SEQUENCE_LEVEL; config validation refuses it)."""
+    def loss(logp, old_logp, adv, loss_mask, *args):
+        n, width = logp.shape
+        assert adv.shape == logp.shape, (adv.shape, logp.shape)
+        per_tok, st = policy_loss(logp.reshape(-1, 1), old_logp.reshape(-1, 1), adv.reshape(-1),
+                                  loss_mask.reshape(-1, 1), *args)
+        return per_tok.view(n, width), {k: v.view(n, width) for k, v in st.items()}
+    return loss
+
+
+def build_objective(loss_cfg, rollout_cfg, forward: LogProbForward, token_advantages: bool = False) -> Objective:
+    """Selects the policy loss from the registry once; returns the callable objective.
+    token_advantages: the advantages are per token ([N, L], `per_token_advantages`)."""
     if loss_cfg.policy_loss not in POLICY_LOSSES:
         raise ValueError(f"loss.policy_loss={loss_cfg.policy_loss!r} is not a GRPO-family loss; "
                          f"choose one of {sorted(POLICY_LOSSES)} (use `grpolab sft` for 'sft')")
+    policy_loss = bind_options(POLICY_LOSSES[loss_cfg.policy_loss], loss_cfg)
     return Objective(
-        policy_loss=bind_options(POLICY_LOSSES[loss_cfg.policy_loss], loss_cfg),
+        policy_loss=per_token_advantages(policy_loss) if token_advantages else policy_loss,
         eps_low=loss_cfg.clip_eps_low,
         eps_high=loss_cfg.clip_eps_high,
         dual_clip=loss_cfg.dual_clip,
@@ -147,10 +164,13 @@ class SkipEmptyRows:
         return loss, stats
 
 
-def build_loss(loss_cfg, rollout_cfg, forward: LogProbForward):
-    """The run's objective: `build_objective`, wrapped in `SkipEmptyRows` when the config can leave
-    rows without counted tokens (loss.filter_zero_std_groups, loss.mask_truncated)."""
-    objective = build_objective(loss_cfg, rollout_cfg, forward)
+def build_loss(loss_cfg, rollout_cfg, forward: LogProbForward, critic=None):
+    """The run's objective: `build_objective`; with a critic (loss.advantage=gae) on per-token
+    advantages plus its value loss (`train.critic.ValueLoss`); wrapped in `SkipEmptyRows` when the
+    config can leave rows without counted tokens (loss.filter_zero_std_groups, loss.mask_truncated)."""
+    objective = build_objective(loss_cfg, rollout_cfg, forward, token_advantages=critic is not None)
+    if critic is not None:
+        objective = critic.with_value_loss(objective)
     if loss_cfg.filter_zero_std_groups or loss_cfg.mask_truncated:
         return SkipEmptyRows(objective, forward.layout.whole_groups)
     return objective

@@ -211,7 +211,7 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
 
 def save_final(setup, folder: Path) -> None:
     """The trained policy as a transformers folder (weights gathered from every rank with FSDP2),
-    with its tokenizer; written by rank 0."""
+    with its tokenizer, and PPO's value head beside it (value_head.safetensors); written by rank 0."""
     state = None
     if setup.parallel.shards_parameters:  # gathered on every rank (a collective), written by rank 0
         from grpolab.dist.checkpoint import full_state_dict
@@ -220,6 +220,10 @@ def save_final(setup, folder: Path) -> None:
     if setup.parallel.is_main:
         setup.policy.save_pretrained(folder, state_dict=state)
         setup.tokenizer.save_pretrained(folder)
+        if getattr(setup, "critic", None) is not None:
+            from safetensors.torch import save_model
+
+            save_model(setup.critic.head, str(folder / "value_head.safetensors"))
     setup.parallel.barrier()
 
 

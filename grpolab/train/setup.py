@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from grpolab.algo.optim import adamw, lr_lambda
-from grpolab.algo.advantages import make_advantage_fn, zero_std_groups
+from grpolab.algo.advantages import VALUE_BASED, make_advantage_fn, zero_std_groups
 from grpolab.config import Config, ConfigError
 from grpolab.dist.launch import step_seed
 from grpolab.dist.parallel import Parallel
@@ -25,6 +25,7 @@ from grpolab.forward import LogProbForward
 from grpolab.memory import keep_freed_memory
 from grpolab.models.loading import frozen_copy
 from grpolab.rollout.engine import Engine, build_engine
+from grpolab.train.critic import Critic
 from grpolab.train.objective import Objective, SkipEmptyRows, build_loss
 
 
@@ -177,6 +178,8 @@ class Setup:
     train_model: Any = None
     """What the log-prob forwards call (Phase B, and Phase A's π_old pass): the policy, or its compiled
     wrapper (model.compile); same parameters."""
+    critic: Critic | None = None
+    """PPO's value head on the policy's trunk (loss.advantage=gae); None otherwise."""
 
     def __post_init__(self) -> None:
         if self.train_model is None:
@@ -202,7 +205,7 @@ class Setup:
     def optimizer_step(self, st, loss_sum: float) -> None:
         """Clip, then step — or skip the step when the loss or gradient is not finite."""
         max_norm = self.cfg.train.max_grad_norm or float("inf")
-        params = [p for p in self.policy.parameters() if p.requires_grad]
+        params = trainable_parameters(self.policy, self.critic)
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # the global norm, sharded grads included
         norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if not (math.isfinite(norm) and math.isfinite(loss_sum)):
@@ -246,6 +249,13 @@ class Setup:
         return flops / max(row["time/step_s"], 1e-9) / self.peak_flops
 
 
+def trainable_parameters(policy, critic: Critic | None = None) -> list[torch.nn.Parameter]:
+    """What the optimizer trains and the gradient clip measures: the policy's parameters that need a
+    gradient, then the value head's (PPO)."""
+    params = [p for p in policy.parameters() if p.requires_grad]
+    return params + (list(critic.head.parameters()) if critic is not None else [])
+
+
 def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress=None,
                 parallel: Parallel | None = None) -> Setup:
     """Builds a Setup; pass a policy/tokenizer (e.g. the SFT'd π0) or let cfg.model load one.
@@ -275,7 +285,8 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     prompts.load_state_dict(state)
     probe_rewards(rewards, [it.prompt for it in first], [{**it.meta, "truncated": False} for it in first],
                   cfg.train.on_reward_error)
-    params = [p for p in policy.parameters() if p.requires_grad]
+    critic = Critic.from_config(cfg.loss, policy, forward) if cfg.loss.advantage in VALUE_BASED else None
+    params = trainable_parameters(policy, critic)
     opt = adamw(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=(0.9, cfg.train.adam_beta2))
     total = cfg.train.steps * cfg.optimizer_steps_per_step
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.train.lr_schedule, cfg.train.warmup_steps, total))
@@ -285,7 +296,7 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     return Setup(
         cfg=cfg, policy=policy, tokenizer=tokenizer,
         engine=build_engine(cfg, sampler, tokenizer, dtype), forward=forward,
-        objective=build_loss(cfg.loss, cfg.rollout, forward),
+        objective=build_loss(cfg.loss, cfg.rollout, forward, critic), critic=critic,
         advantage_fn=make_advantage_fn(cfg.loss.advantage, cfg.loss.std, cfg.loss.std_eps),
         rewards=rewards, prompts=prompts, optimizer=opt, scheduler=sched,
         sample_gen=torch.Generator(device=device).manual_seed(cfg.train.seed),

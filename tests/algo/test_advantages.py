@@ -100,7 +100,7 @@ def test_relu_and_raw():
 
 def test_registry_rejects_unknown():
     with pytest.raises(ValueError, match="advantage must be one of"):
-        make_advantage_fn("gae")
+        make_advantage_fn("vtrace")
     with pytest.raises(ValueError, match="std must be one of"):
         group_normalize(torch.zeros(1, 2), std="pop")
 

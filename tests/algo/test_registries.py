@@ -35,7 +35,7 @@ from grpolab.algo.optim import LR_SCHEDULES, lr_lambda
 # dotted field -> (registry keys, one value that is not a key)
 REGISTRY_FIELDS = {
     "loss.policy_loss": (tuple(POLICY_LOSSES) + ("sft",), "ppo"),
-    "loss.advantage": (tuple(ADVANTAGE_ESTIMATORS), "gae"),
+    "loss.advantage": (tuple(ADVANTAGE_ESTIMATORS), "vtrace"),
     "loss.std": (tuple(STD_MODES), "pop"),
     "loss.kl_estimator": (tuple(KL_ESTIMATORS), "k4"),
     "loss.loss_agg": (tuple(AGGREGATIONS), "token-max"),
@@ -73,7 +73,7 @@ def test_unknown_names_are_value_errors_naming_the_choices():
     with pytest.raises(ValueError, match="loss_agg must be one of"):
         aggregate(x, x.bool(), "token-max", torch.tensor(1.0))
     with pytest.raises(ValueError, match="advantage must be one of"):
-        make_advantage_fn("gae")
+        make_advantage_fn("vtrace")
     with pytest.raises(ValueError, match="std must be one of"):
         make_advantage_fn("group_norm", std="pop")
     with pytest.raises(ValueError, match="lr_schedule must be one of"):

@@ -385,7 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     from grpolab.config import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # key=value overrides after an option (`--samples 2 run.threads=1`) join the others
+        if not hasattr(args, "overrides") or any(x.startswith("-") or "=" not in x for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     args.argv = argv
     try:
         return args.fn(args)

@@ -16,8 +16,7 @@ from grpolab import config as C
 from grpolab.data.build import arith_eval_items, arith_task
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model, count_params
 from grpolab.report.progress import Progress
-from grpolab.rollout.hf import HFEngine
-from grpolab.train.evaluate import evaluate_arith
+from grpolab.train.evaluate import evaluate_policy
 from grpolab.train.run import make_run_dir, train_in_run_dir, write_config, write_eval
 from grpolab.train.rundir import mark_finished
 from grpolab.train.setup import build_setup
@@ -90,8 +89,8 @@ def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True, re
     if rewards == "rm":
         cfg, rm_acc = with_reward_models(cfg, task, tok, run_dir, policy=model)
         write_config(cfg, run_dir)
-    engine = HFEngine(tok, cfg.rollout.max_new_tokens)
-    before = evaluate_arith(model, engine, eval_items)
+    pi0_eval = evaluate_policy(model, tok, cfg, items=eval_items)  # what `grpolab eval` reports
+    before = pi0_eval["arith"]
     _say(f"[eval] π0: accuracy {before['accuracy']:.3f} refusal_recall {before['refusal_recall']:.3f} "
          f"false_refusal {before['false_refusal']:.3f}")
     progress = Progress(cfg.train.steps, enabled=cfg.run.progress)
@@ -99,9 +98,11 @@ def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True, re
     code = train_in_run_dir(setup, run_dir)  # metrics, samples, checkpoints, final/
     if code != 0:
         raise SystemExit(code)
-    after = evaluate_arith(model, engine, eval_items)
+    final_eval = evaluate_policy(model, tok, cfg, items=eval_items)
+    after = final_eval["arith"]
     payload = {
         "before": before, "after": after,
+        "by_rewards": {"pi0": pi0_eval["greedy"], "final": final_eval["greedy"]},  # the training rewards, greedy
         "rewards": [{"name": s.display_name, "weight": s.weight} for s in cfg.rewards],
         "reward_models": rm_acc,
         "eval_prompts": len(eval_items), "seed": cfg.train.seed,

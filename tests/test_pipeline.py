@@ -116,9 +116,16 @@ def test_stopped_grpo_stage_resumes(tmp_path, at_root, capsys):
     ("grpo: {rewards: []}\n", [], "grpo.rewards is empty and there are no reward_models"),
     ("grpo: {}\n", ["--from", "nope"], "--from 'nope'"),
     ("grpo: {}\n", ["grpoo.train.steps=1"], "expected SECTION.key=value"),
+    ("grpo: {}\n", ["--from", "grpo", "grpoo.train.steps=1"], "expected SECTION.key=value"),  # after an option
 ])
 def test_bad_pipeline_files_are_named(tmp_path, capsys, monkeypatch, text, extra, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "p.yaml").write_text(text)
     assert cli.main(["pipeline", "p.yaml", *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_unknown_option_is_still_refused(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["pipeline", "p.yaml", "--bogus"])
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err

@@ -1,5 +1,6 @@
-"""bench/real_model.py on a tiny model: the config builds, the split is disjoint, one step runs,
-and skipping loss-masked rows leaves the gradient unchanged. (SmolLM2 itself is not loaded.)"""
+"""bench/real_model.py on a tiny model: its config is examples/smollm2_chain_sum.yaml, the example's
+split is the one --write-data writes and is disjoint, and one step runs with grpolab eval's
+evaluation. (SmolLM2 itself is not loaded.)"""
 
 import importlib.util
 import json
@@ -9,6 +10,7 @@ import pytest
 
 pytest.importorskip("reasoning_gym")
 
+from grpolab import config as C
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 
 _PATH = Path(__file__).resolve().parents[2] / "bench" / "real_model.py"
@@ -25,12 +27,18 @@ def _tiny():
     return build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, max_positions=128, seed=0), tok
 
 
-def test_config_is_the_documented_one():
+def test_config_is_the_example_with_the_flags():
     cfg = rm.bench_config(rm.parse_args(["--out", "x"]))
+    example = C.load(str(rm.EXAMPLE))
+    for section in ("model", "rollout", "loss"):
+        assert getattr(cfg, section) == getattr(example, section)
+    assert cfg.train.steps == example.train.steps and cfg.train.lr == example.train.lr
     assert cfg.loss.kl_coef == 0 and cfg.loss.filter_zero_std_groups
-    assert cfg.sequences_per_step == 64 and cfg.train.minibatch_size == 64 and not cfg.needs_old_logp_pass
-    assert cfg.data.system_prompt == rm.SMOLLM2_SYSTEM
+    assert cfg.sequences_per_step == cfg.minibatch_sequences == 64 and not cfg.needs_old_logp_pass
+    assert cfg.data.system_prompt == example.data.system_prompt and cfg.data.eval_prompts == 128
     assert [s.name for s in cfg.rewards] == ["reasoning_gym"]
+    small = rm.bench_config(rm.parse_args(SMALL + ["--out", "x"]))
+    assert (small.train.steps, small.rollout.group_size, small.model.dtype) == (1, 2, "float32")
 
 
 def test_same_seeds_rejected():
@@ -38,21 +46,17 @@ def test_same_seeds_rejected():
         rm.parse_args(["--seed", "3", "--eval-seed", "3"])
 
 
-def test_split_is_disjoint_and_sized():
-    args = rm.parse_args(["--eval-size", "128"])
-    train, held = rm.build_splits(None, args)
+def test_example_split_is_what_write_data_writes_and_disjoint(tmp_path):
+    rm.write_data(rm.parse_args([]), tmp_path)
+    for name in ("train.jsonl", "heldout.jsonl"):
+        assert (tmp_path / name).read_text() == (rm.DATA / name).read_text(), name
+    cfg = rm.bench_config(rm.parse_args(["--out", "x"]))
+    train, held = rm.load_splits(cfg, None)
     q = lambda items: [it.meta["rg_entry"]["question"] for it in items]
     assert len(held) == len(set(q(held))) == 128
     assert len(train) == len(set(q(train))) > 0
     assert not set(q(held)) & set(q(train))
     assert len(held) + len(train) <= 200  # the task has 200 distinct questions
-
-
-def _stream(tok):
-    from grpolab.data.stream import ListStream
-
-    train, _ = rm.build_splits(tok, rm.parse_args(SMALL))
-    return ListStream(train, seed=0)
 
 
 def test_one_step_end_to_end(tmp_path, capsys):
@@ -62,8 +66,8 @@ def test_one_step_end_to_end(tmp_path, capsys):
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["mode"] == "full fine-tune" and len(saved["curve"]) == 1
     for when in ("before", "after"):
-        assert saved[when]["sampled"]["n"] == 4 and saved[when]["greedy"]["n"] == 4
-        assert 0.0 <= saved[when]["greedy"]["mean"] <= 1.0
+        assert saved[when]["prompts"] == 4 and saved[when]["sampled"]["samples"] == 1
+        assert 0.0 <= saved[when]["greedy"]["reward"] <= 1.0
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
     # a random tiny model never solves chain_sum, so every group is zero-variance and dropped from the
     # loss: the reported lengths must still be the generated ones (≥ 1: the EOS or max_new_tokens)

@@ -64,7 +64,8 @@ def test_seed_pipeline_runs_every_stage(tmp_path, at_root, capsys):
     rows = [json.loads(line) for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2
     # the gold rule checks are logged beside the proxy RMs (weight 0: not trained on)
-    assert {"reward/exact_match/mean", "reward/accuracy_rm/mean", "accuracy"} <= set(rows[0])
+    gold_and_proxy = {"reward/exact_match/mean", "reward/accuracy_rm/mean", "accuracy", "pair_acc/accuracy_rm"}
+    assert gold_and_proxy <= set(rows[0])
     assert (out / "grpo" / "final" / "config.json").is_file() and (out / "grpo" / "report.html").is_file()
     ev = json.loads((out / "eval.json").read_text())
     assert [r["name"] for r in ev["rewards"]] == ["exact_match", "refusal"]  # the gold checks, not the RMs

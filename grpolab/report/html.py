@@ -102,10 +102,14 @@ def _s(key: str, label: str | None = None, std: bool = False) -> Series:
     return Series(key, label or key, key.removesuffix("/mean") + "/std" if std else None)
 
 
-def plot_sections(reward_names: Sequence[str]) -> list[tuple[str, list[PlotSpec]]]:
-    """The report's plots, grouped into titled sections."""
+def plot_sections(reward_names: Sequence[str], proxy_names: Sequence[str] = ()) -> list[tuple[str, list[PlotSpec]]]:
+    """The report's plots, grouped into titled sections. proxy_names: rewards with a `pair_acc/NAME`
+    series (proxies of a verifier, e.g. learned reward models: how well they rank the policy's samples)."""
     per_fn = [PlotSpec(f"reward: {n}", (_s(f"reward/{n}/mean", "mean ± std", std=True),),
                        "reward") for n in reward_names]
+    if proxy_names:
+        per_fn.append(PlotSpec("proxy rewards vs the verifier: pair accuracy on the policy's samples",
+                               tuple(_s(f"pair_acc/{n}", n) for n in proxy_names), "fraction"))
     return [
         ("Reward", [PlotSpec("combined reward", (_s("reward/mean", "mean ± std", std=True),),
                              "reward"), *per_fn,
@@ -151,7 +155,9 @@ def figure_html(img: str, spec_keys: Sequence[str]) -> str:
 def render_plots(rows: list[dict[str, Any]]) -> str:
     """All plot sections for one run's (deduped) rows; keys never logged are listed in a note."""
     out, missing, used = [], [], {"step"}
-    for title, specs in plot_sections(reward_fn_names(k for r in rows for k in r)):
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    proxies = [k.removeprefix("pair_acc/") for k in keys if k.startswith("pair_acc/")]
+    for title, specs in plot_sections(reward_fn_names(keys), proxies):
         figs = []
         for spec in specs:
             keys = [s.key for s in spec.series] + ([spec.total_key] if spec.total_key else [])

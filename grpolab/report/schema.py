@@ -88,6 +88,11 @@ REWARD_FN_KEYS: tuple[MetricSpec, ...] = (
 )
 
 _REWARD_FN_RE = re.compile(r"^reward/(?P<name>.+)/(?P<stat>mean|std)$")
+_PAIR_ACC_RE = re.compile(r"^pair_acc/(?P<name>.+)$")
+PAIR_ACC_KEY = MetricSpec(
+    "pair_acc/{name}", "with a verifier among the rewards, for each trained-on reward NAME that is not one: "
+    "the share of (correct, wrong) completion pairs of a prompt that NAME ranks right (ties 1/2), on the "
+    "policy's own samples; null when no group had both", "fraction", required=False)
 
 
 def reward_fn_names(row_or_keys: Any) -> list[str]:
@@ -108,6 +113,9 @@ def describe(key: str) -> MetricSpec | None:
     if m:
         spec = REWARD_FN_KEYS[0 if m["stat"] == "mean" else 1]
         return MetricSpec(key, spec.description.replace("NAME", m["name"]), spec.unit)
+    m = _PAIR_ACC_RE.match(key)
+    if m:
+        return MetricSpec(key, PAIR_ACC_KEY.description.replace("NAME", m["name"]), "fraction", required=False)
     return None
 
 

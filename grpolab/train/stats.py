@@ -76,6 +76,23 @@ def correct_rows(scores: dict[str, torch.Tensor], verifiers: Sequence[str]) -> t
     return None
 
 
+def pair_accuracy(scores: torch.Tensor, correct: torch.Tensor, group_size: int) -> float:
+    """How often a reward ranks a correct completion above a wrong one of the same prompt: over every
+    (correct, wrong) pair within a group, the share where the correct one scores higher (ties 1/2).
+    The pair accuracy of a proxy reward on the policy's own samples, against the gold `correct`
+    (Gao et al. 2022 read over-optimization from it). scores, correct: [N] (NaN = not scored /
+    abstained; such rows are left out). NaN when no group has both a correct and a wrong row."""
+    sc, ok = scores.view(-1, group_size).float(), correct.view(-1, group_size)
+    valid = ~torch.isnan(sc) & ~torch.isnan(ok)
+    right = valid & (ok == 1.0)
+    wrong = valid & (ok == 0.0)
+    pairs = right.unsqueeze(2) & wrong.unsqueeze(1)  # [P, G, G]: (i correct, j wrong)
+    diff = sc.unsqueeze(2) - sc.unsqueeze(1)
+    wins = torch.where(diff > 0, 1.0, torch.where(diff == 0, 0.5, 0.0))
+    n = pairs.sum()
+    return float((wins * pairs).sum() / n) if n > 0 else math.nan
+
+
 @dataclass(frozen=True)
 class StepRecord:
     """What a step's metrics and samples.jsonl read from the rollout, on CPU: one rank's groups
@@ -177,6 +194,9 @@ class StepStats:
         correct = correct_rows(scores, self.verifiers)
         if correct is not None:
             row["accuracy"] = nanmean(correct)
+            for fn, w in s.rewards:  # each trained-on reward that is not a verifier: a proxy of the gold
+                if w != 0 and fn.name not in self.verifiers and fn.name in scores:
+                    row[f"pair_acc/{fn.name}"] = pair_accuracy(scores[fn.name], correct, record.group_size)
         t_total = time.perf_counter() - self.t0
         row.update({
             "adv/mean": float(adv.mean()), "adv/std": float(adv.std(unbiased=False)),

@@ -1,4 +1,5 @@
-"""Command line: grpolab demo | train | sft | eval | rm | pipeline | data | report | compare | config | export."""
+"""Command line: grpolab demo | train | sft | eval | rm | pipeline | data | sharpen | ablate | report | compare |
+config | export."""
 
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ def train_from_cfg(cfg, overwrite: bool = False) -> int:
         from grpolab.config_reference import off_policy_note
 
         say(f"grpolab: note: {off_policy_note(cfg)}")
-    resume_from = None if overwrite else resolve_resume(cfg.run.resume, Path(cfg.run.out_dir or "."), say=say)
+    resume_from = None if overwrite else resolve_resume(cfg.run.resume, Path(cfg.run.out_dir or "."), say=say,
+                                                      checkpoint_every=cfg.run.checkpoint_every)
     if resume_from is not None and not cfg.run.out_dir:  # an explicit checkpoint: continue its run
         cfg = cfg.replace(**{"run.out_dir": str(resume_from.parent.parent)})
     run_dir = Path(_on_rank0(par, lambda: str(make_run_dir(cfg, command="train", resume=bool(cfg.run.resume),
@@ -374,10 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("overrides", nargs="*", help="key=value overrides, e.g. loss.loss_agg=token-mean")
     k.set_defaults(fn=_config)
 
-    from grpolab import cli_rm, cli_sharpen
+    from grpolab import cli_ablate, cli_rm, cli_sharpen
 
     cli_rm.add_parser(sub)
     cli_sharpen.add_parser(sub)
+    cli_ablate.add_parser(sub)
     return p
 
 

@@ -141,23 +141,30 @@ def _logged_steps(run_dir: Path) -> int:
         return 0
 
 
-def resolve_resume(resume: str, run_dir: Path, say=None) -> Path | None:
+def resolve_resume(resume: str, run_dir: Path, say=None, checkpoint_every: int = 0) -> Path | None:
     """The checkpoint that run.resume names (its files verified), or None for a fresh start.
 
     "" -> None. "auto" -> the latest usable checkpoint of run_dir (damaged ones named through
-    say(message) and skipped); None if the run has none and has logged no step yet, so a job
-    script can always pass --resume; CheckpointError when it has logged steps but none is usable
-    (never a silent restart over them). A path -> that step-N folder (it must be usable), or the
-    latest usable checkpoint of a run folder or a checkpoints folder.
+    say(message) and skipped); None if the run has none and no checkpoint was due yet (no step
+    logged, or at most `checkpoint_every` (run.checkpoint_every) steps and no step-N folder: killed
+    before its first checkpoint, those steps are run again), so a job script can always pass
+    --resume; CheckpointError when a checkpoint should exist but none is usable (never a silent
+    restart over them). A path -> that step-N folder (it must be usable), or the latest usable
+    checkpoint of a run folder or a checkpoints folder.
     """
     if not resume:
         return None
     if resume == "auto":
         found = latest_checkpoint(run_dir / CHECKPOINTS, verify=True, say=say)
-        if found is None and _logged_steps(run_dir):
-            raise CheckpointError(f"{run_dir} holds a run with {_logged_steps(run_dir)} logged steps but no usable "
+        logged = _logged_steps(run_dir)
+        damaged = any((run_dir / CHECKPOINTS).glob("step-*"))
+        if found is None and logged and (damaged or not 0 < logged <= checkpoint_every):
+            raise CheckpointError(f"{run_dir} holds a run with {logged} logged steps but no usable "
                                   "checkpoint to continue it from; refusing to start over it (--overwrite moves it "
                                   "aside and starts a fresh run)")
+        if found is None and logged and say is not None:
+            say(f"grpolab: {run_dir} logged {logged} steps before its first checkpoint (run.checkpoint_every="
+                f"{checkpoint_every}); starting over")
         return found
     p = Path(resume).expanduser()
     if not p.exists():

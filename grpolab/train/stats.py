@@ -35,6 +35,7 @@ def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "
              for i in range(len(texts))]
     scores, weights = {}, {}
     st.verifiers = [fn.name for fn, _w in rewards if is_verifier(fn)]
+    st.proxies = [fn.name for fn, w in rewards if w != 0 and not is_verifier(fn)]
     for fn, w in rewards:
         try:
             scores[fn.name] = score_batch(fn, prompts, texts, metas)
@@ -149,6 +150,7 @@ class StepStats:
         self.reward_errors = 0
         self.learn_tokens = 0
         self.verifiers: list[str] = []  # score names of the verifier rewards, in config order
+        self.proxies: list[str] = []  # the trained-on rewards that are not verifiers (pair_acc/NAME)
         self.notes: list[str] = []  # degraded behaviour (a reward replaced after an error)
         self.gen_batches: int | None = None  # rollout.dynamic_sampling: batches drawn (alike on every rank)
         self.dropped_groups = 0  # rollout.dynamic_sampling: groups of equal rewards not trained on
@@ -194,9 +196,9 @@ class StepStats:
         correct = correct_rows(scores, self.verifiers)
         if correct is not None:
             row["accuracy"] = nanmean(correct)
-            for fn, w in s.rewards:  # each trained-on reward that is not a verifier: a proxy of the gold
-                if w != 0 and fn.name not in self.verifiers and fn.name in scores:
-                    row[f"pair_acc/{fn.name}"] = pair_accuracy(scores[fn.name], correct, record.group_size)
+            for name in self.proxies:  # each trained-on reward that is not a verifier: a proxy of the gold
+                if name in scores:
+                    row[f"pair_acc/{name}"] = pair_accuracy(scores[name], correct, record.group_size)
         t_total = time.perf_counter() - self.t0
         row.update({
             "adv/mean": float(adv.mean()), "adv/std": float(adv.std(unbiased=False)),

@@ -104,3 +104,17 @@ def test_a_resume_of_a_folder_without_steps_starts_fresh(tmp_path):
     path = ck.save_checkpoint(s, tmp_path / "checkpoints", step=1, keep=1)
     manifest = json.loads((path / ck.MARKER).read_text())["files"]
     assert all(len(entry["sha256"]) == 64 for entry in manifest.values())
+
+
+def test_killed_before_its_first_checkpoint_a_resume_starts_over(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')  # no checkpoint was due yet
+    said = []
+    assert ck.resolve_resume("auto", tmp_path, say=said.append, checkpoint_every=2) is None
+    assert "logged 2 steps before its first checkpoint" in said[0]
+    with pytest.raises(ck.CheckpointError, match="2 logged steps but no usable checkpoint"):
+        ck.resolve_resume("auto", tmp_path, checkpoint_every=1)  # step-1 should exist
+    with pytest.raises(ck.CheckpointError, match="2 logged steps"):
+        ck.resolve_resume("auto", tmp_path, checkpoint_every=0)  # no periodic checkpoints: nothing to resume
+    (tmp_path / "checkpoints" / "step-2").mkdir(parents=True)  # a checkpoint that is not usable
+    with pytest.raises(ck.CheckpointError, match="2 logged steps"):
+        ck.resolve_resume("auto", tmp_path, checkpoint_every=2)

@@ -129,7 +129,7 @@ def _loc(path: str, lines: dict[str, int] | None, source: str) -> str:
 
 
 # ----------------------------------------------------------------------------- YAML
-def _key_lines(text: str) -> dict[str, int]:
+def key_lines(text: str) -> dict[str, int]:
     """Dotted key -> 1-based line number, from the YAML node tree."""
     out: dict[str, int] = {}
 
@@ -166,7 +166,7 @@ def load_yaml(path: str, overrides: list[str], config_cls, presets: dict[str, di
         raise _err(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
     if not isinstance(data, dict):
         raise _err(f"{path}:1: the config must be a mapping of sections (model:, rollout:, ...)")
-    return from_mapping(data, overrides, config_cls, presets, _key_lines(text), path)
+    return from_mapping(data, overrides, config_cls, presets, key_lines(text), path)
 
 
 def from_mapping(data: dict, overrides: list[str], config_cls, presets: dict[str, dict[str, Any]],

@@ -38,6 +38,8 @@ def _load_cfg(args):
 def _train(args) -> int:
     import os
 
+    if args.ray is not None and not os.environ.get("GRPOLAB_RAY_TRAINER"):  # the driver: ranks become actors
+        return _named_errors(_train_on_ray, args)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:  # start torchrun, which runs this command per rank
         from grpolab.dist.launch import strip_nproc, torchrun_command
 
@@ -50,6 +52,21 @@ def _train(args) -> int:
         return _named_errors(_train_run, args)
     finally:
         close_parallel()
+
+
+def _train_on_ray(args) -> int:
+    from grpolab.dist.ray_launch import run_on_ray, strip_ray
+
+    argv = strip_ray(args.argv)
+    if args.ray and "=" in args.ray:  # `--ray key=value`: an override, not an address
+        args.overrides, args.ray = [*args.overrides, args.ray], "local"
+        argv.append(args.overrides[-1])
+    cfg = _load_cfg(args).validate()  # config errors are named here, before any actor starts
+    if args.nproc < 1:
+        from grpolab.config import ConfigError
+
+        raise ConfigError(f"--nproc {args.nproc}: at least 1 trainer rank")
+    return run_on_ray(cfg, argv, args.ray or "local", args.nproc)
 
 
 def _named_errors(run, args) -> int:
@@ -312,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data-parallel ranks on this host: starts `torchrun --standalone --nproc-per-node N "
                         "-m grpolab train ...` (train.parallel picks ddp or fsdp2; use torchrun itself for "
                         "several nodes)")
+    t.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run on a Ray cluster (ADDRESS: auto, HOST:6379, ray://HOST:10001; none = a local one): "
+                        "--nproc trainer ranks as actors in a placement group, rollout.workers rollout actors, "
+                        "rollout.reward_workers reward actors")
     t.set_defaults(fn=_train)
 
     s = sub.add_parser("sft", help="supervised fine-tuning (token cross-entropy)")

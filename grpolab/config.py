@@ -161,6 +161,26 @@ class RolloutConfig:
     max_generation_batches: int = 10
     """Most batches generated in a step, the first included (verl's max_num_gen_batches; 0 = no limit). verl
     raises there; here the earliest dropped groups fill the batch (a console note; see loss.filter_zero_std_groups)."""
+    workers: int = 0
+    """Rollout workers: 0 = generate in the training process; N = N Ray actors, each running rollout.engine on
+    its own copy of the weights (synced after every optimizer phase), whole groups spread over them. Starts a
+    local Ray cluster unless `grpolab train --ray ADDRESS` names one (grpolab/dist/ray_engine.py)."""
+    worker_gpus: float = 0.0
+    """GPUs per rollout worker: 0 on CPUs; 1 = a GPU of its own (separate mode); a fraction shares a GPU
+    with the trainer ranks (colocated mode; a vLLM engine sleeps while the trainer learns)."""
+    reward_workers: int = 0
+    """Ray actors that score the rewards (0 = in the training process): each group is scored in a call of
+    its own, spread over the workers, so a slow verifier or sandbox runs in parallel."""
+    reward_worker_threads: int = 8
+    """Reward calls one reward worker runs at once."""
+    overlap: int = 0
+    """1 = the next step's rollout is generated (and scored) while this step learns, one weight version
+    behind; the importance ratio then uses the sampler's log-probs (the behaviour policy's). Needs
+    rollout.workers ≥ 1."""
+    vllm_gpu_memory_utilization: float = 0.5
+    """vllm engine: share of the GPU's memory vLLM may take (weights and KV cache)."""
+    vllm_sleep: bool = True
+    """vllm engine: release the KV cache and offload the weights while the trainer learns (colocated mode)."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +217,10 @@ class LossConfig:
     """Per-token estimator of KL(π || π_ref) for the KL penalty (a key of algo.losses.KL_ESTIMATORS)."""
     kl_ratio_weighted: bool = True
     """Multiply the per-token KL by π/π_old (unbiased when samples come from π_old; TRL's default)."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling (verl's rollout_is_threshold; Yao et al. 2025): each token's loss is
+    weighted by min(π_old / π_sampler, tis_cap), correcting for a sampler whose numerics differ from the
+    trainer's (vLLM, bf16 weights). 0 = off."""
     kl_in_reward: bool = False
     """KL as a reward penalty instead of a loss term (verl's algorithm.use_kl_in_reward): each
     completion's reward becomes r - kl_coef · Σ_t KL_t(π_old ‖ π_ref), the loss.kl_estimator summed

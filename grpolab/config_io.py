@@ -465,6 +465,28 @@ def _check_dynamic_sampling(cfg) -> None:
                    f"rewards {names}; name one, or leave it empty for their weighted sum")
 
 
+def _check_workers(cfg) -> None:
+    """rollout.workers / reward_workers / overlap (Ray) and loss.tis_cap."""
+    r = cfg.rollout
+    for name in ("workers", "reward_workers", "worker_gpus"):
+        if getattr(r, name) < 0:
+            raise _err(f"rollout.{name}={getattr(r, name)} must be ≥ 0")
+    if r.reward_worker_threads < 1:
+        raise _err(f"rollout.reward_worker_threads={r.reward_worker_threads} must be ≥ 1")
+    if r.overlap not in (0, 1):
+        raise _err(f"rollout.overlap={r.overlap} must be 0 or 1 (the next rollout one weight version behind)")
+    if r.overlap and not r.workers:
+        raise _err("rollout.overlap=1 generates the next rollout while the trainer learns, which needs rollout "
+                   "workers of their own: set rollout.workers ≥ 1")
+    if r.overlap and r.dynamic_sampling:
+        raise _err("rollout.overlap=1 prefetches one batch per step; rollout.dynamic_sampling draws as many as it "
+                   "needs: turn one of them off")
+    if not 0 < r.vllm_gpu_memory_utilization <= 1:
+        raise _err(f"rollout.vllm_gpu_memory_utilization={r.vllm_gpu_memory_utilization} must be in (0, 1]")
+    if cfg.loss.tis_cap < 0:
+        raise _err(f"loss.tis_cap={cfg.loss.tis_cap} must be ≥ 0 (0 = off; e.g. 2)")
+
+
 def _check_value_head(cfg) -> None:
     """loss.advantage=gae (PPO's value head): its options, and what it runs with."""
     from grpolab.algo.advantages import VALUE_BASED
@@ -500,4 +522,5 @@ def validate_config(cfg) -> None:
     _check_rewards(cfg)
     _check_dynamic_sampling(cfg)
     _check_value_head(cfg)
+    _check_workers(cfg)
     _check_outputs(cfg)

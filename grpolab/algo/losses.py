@@ -391,3 +391,18 @@ def divergence_pairwise_logsigmoid(
     valid = differs.any(dim=1) & (both.int().cumsum(dim=1).gather(1, first_diff).squeeze(1) == first_diff.squeeze(1) + 1)
     diff = chosen_scores.gather(1, first_diff).squeeze(1) - rejected_scores.gather(1, first_diff).squeeze(1)
     return torch.where(valid, -F.logsigmoid(diff), torch.zeros_like(diff))
+
+
+def truncated_is_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling for a sampler whose numerics differ from the trainer's (Yao et
+    al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"; verl's
+    rollout_is_threshold): min(π_old / π_sampler, cap) per token, detached. [N, L] -> [N, L]."""
+    return importance_ratio(old_logp, sampler_logp).clamp(max=cap).detach()
+
+
+def logprob_mismatch(train_logp: torch.Tensor, sampler_logp: torch.Tensor,
+                     loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Σ, max) over counted tokens of |log π_train − log π_sampler| (the train/inference mismatch);
+    0-dim tensors, max 0 without counted tokens. [N, L] each."""
+    gap = (train_logp.detach().float() - sampler_logp.float()).abs() * loss_mask
+    return gap.sum(), gap.max() if gap.numel() else gap.new_zeros(())

@@ -70,6 +70,18 @@ METRICS: tuple[MetricSpec, ...] = (
                "in the step (1 = no extra batch; verl's num_gen_batches)", "count", "int", required=False),
     MetricSpec("rollout/dropped_groups", "rollout.dynamic_sampling: groups of equal rewards generated in the step "
                "and not trained on (every rank's)", "count", "int", required=False),
+    MetricSpec("mismatch/mean", "mean |log π_train − log π_sampler| over trained tokens (train/inference "
+               "mismatch; π_old against the sampler's own log-probs)", "nats/token", required=False),
+    MetricSpec("mismatch/max", "largest |log π_train − log π_sampler| over trained tokens", "nats", required=False),
+    MetricSpec("rollout/staleness", "weight versions between the policy that learns and the one that sampled "
+               "the rollout (rollout.overlap: 1)", "versions", "int", required=False),
+    MetricSpec("time/sync_s", "sending the new weights to the rollout engine after phase B", "s", required=False),
+    MetricSpec("time/rollout_wait_s", "rollout.overlap: waiting for the batch prefetched during the last step",
+               "s", required=False),
+    MetricSpec("sync/seconds", "rollout.workers: weight sync to the workers (object store put + every worker's "
+               "load)", "s", required=False),
+    MetricSpec("sync/bytes", "rollout.workers: bytes of weights sent to the workers per sync", "bytes", "int",
+               required=False),
     MetricSpec("value/loss", "loss.advantage=gae: value loss 0.5·max((V-R)², (clip(V)-R)²) per trained token",
                "reward²", required=False),
     MetricSpec("value/clip_frac", "loss.advantage=gae: share of trained tokens where the clipped value term "

@@ -132,7 +132,8 @@ class HFEngine:
             gc.collect()  # the compilation's reference cycles held the static cache (static.compiles_now)
         if device.type == "cpu":
             release_free_memory()  # the KV cache is gone: hand its pages back before learning
-        return _assemble(ids, am, comp, samp_lp, finished, group_size, self._eos_id())
+        return _assemble(ids, am, comp, samp_lp, finished, group_size, self._eos_id()).replace(
+            weight_version=self.weight_version)
 
     def _packing(self, model, rows: int):
         """`packed_linears` for the eager loop when `packed_weights` applies, else a no-op context."""

@@ -43,6 +43,9 @@ class Rollout:
     """[N, Lc] float32 (the value head's dtype): V_old of each completion token's state (loss.advantage=gae)."""
     returns: torch.Tensor | None = None
     """[N, Lc] float32: the value targets R = GAE advantages + V_old (loss.advantage=gae)."""
+    weight_version: int = 0
+    """The version of the weights that sampled it (`Engine.load_weights`'s; the trainer's policy after k
+    optimizer phases is version k)."""
 
     @property
     def num_sequences(self) -> int:
@@ -103,6 +106,7 @@ class Rollout:
             token_advantages=rows(self.token_advantages, comp),
             values=rows(self.values, comp),
             returns=rows(self.returns, comp),
+            weight_version=self.weight_version,
         )
 
 

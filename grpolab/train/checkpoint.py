@@ -245,7 +245,7 @@ def write_state(setup, d: Path, step: int, reference_from: Path | None = None) -
         torch.save(setup.optimizer.state_dict(), d / "optimizer.pt")
     torch.save(setup.scheduler.state_dict(), d / "scheduler.pt")
     torch.save(rng_state(), d / "rng.pt")
-    _write_json(d / "data.json", setup.prompts.state_dict())
+    _write_json(d / "data.json", setup.prompt_state())
     _write_json(d / "state.json", {"step": step, "consecutive_skips": setup.consecutive_skips})
     (d / "config.yaml").write_text(C.dump(setup.cfg))
 

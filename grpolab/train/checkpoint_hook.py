@@ -53,7 +53,7 @@ class CheckpointHook:
 
     def _mark_boundary(self) -> None:
         s = self.setup
-        self._boundary = (rng_state(), copy.deepcopy(s.prompts.state_dict()),
+        self._boundary = (rng_state(), copy.deepcopy(s.prompt_state()),
                           s.consecutive_skips, copy.deepcopy(s.scheduler.state_dict()), _updates(s.optimizer))
 
     def _back_to_boundary(self) -> bool:
@@ -65,6 +65,8 @@ class CheckpointHook:
         if _updates(s.optimizer) != updates:
             return False
         set_rng_state(rng)
+        if s.prefetch is not None:  # rollout.overlap: the step's prompts are drawn again on resume
+            s.prefetch.drop()
         s.prompts.load_state_dict(data)
         s.scheduler.load_state_dict(sched)
         s.consecutive_skips = skips

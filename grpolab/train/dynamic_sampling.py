@@ -59,19 +59,31 @@ def draw_batch(s, st: StepStats) -> Batch:
     scored; with rollout.dynamic_sampling, only groups whose rewards differ (`dynamic_batch`)."""
     r = s.cfg.rollout
     if r.dynamic_sampling:
-        return dynamic_batch(s, st)
-    return generate_batch(s, s.parallel.shard(s.prompts.next_batch(r.prompts_per_step)), st)
+        batch = dynamic_batch(s, st)
+    elif s.prefetch is not None:  # rollout.overlap: prefetched while the last step learned
+        batch = s.prefetch.take(s, st)
+    else:
+        batch = generate_batch(s, s.parallel.shard(s.prompts.next_batch(r.prompts_per_step)), st)
+    st.staleness = s.engine.weight_version - batch.rollout.weight_version
+    return batch
 
 
-def generate_batch(s, items: list, st: StepStats) -> Batch:
-    """G completions of each prompt of `items`, sampled from the step's stream, decoded and scored."""
+def generate_batch(s, items: list, st: StepStats, in_flight=None) -> Batch:
+    """G completions of each prompt of `items`, sampled from the step's stream, decoded and scored.
+    in_flight: their generation, already submitted to the rollout workers (rollout.overlap; this then
+    runs in a background thread and leaves the progress display alone)."""
+    show = s.progress.phase if in_flight is None else (lambda *a: None)
     with st.timer("rollout"):
-        s.progress.phase("rollout")
-        ro = s.engine.generate([it.prompt for it in items], s.cfg.rollout.group_size, generator=s.sample_gen)
+        show("rollout")
+        if in_flight is not None:
+            ro = in_flight.result()
+        else:
+            ro = s.engine.generate([it.prompt for it in items], s.cfg.rollout.group_size, generator=s.sample_gen)
         texts = s.engine.decode(ro)
     with st.timer("score"):
-        s.progress.phase("score")
-        scores, rewards = score_rollout(s.rewards, items, texts, ro, s.on_reward_error, st, s.cfg.rollout.max_new_tokens)
+        show("score")
+        scores, rewards = score_rollout(s.rewards, items, texts, ro, s.on_reward_error, st, s.cfg.rollout.max_new_tokens,
+                                        s.reward_pool)
     return Batch(list(items), ro, texts, scores, rewards)
 
 
@@ -166,6 +178,7 @@ def concat_rollouts(parts: list[Rollout], pad: int) -> Rollout:
         prompt_len=lp, loss_mask=cat("loss_mask", False), truncated=cat("truncated"), group_size=G,
         old_logp=cat("old_logp"), ref_logp=cat("ref_logp"), sampler_logp=cat("sampler_logp"),
         rewards=cat("rewards"), advantages=cat("advantages"),
+        weight_version=min(p.weight_version for p in parts),
     )
 
 

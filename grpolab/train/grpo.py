@@ -51,7 +51,9 @@ def train(s: Setup) -> list[dict]:
         # ---------------- Phase B: learning on the frozen rollout.
         with st.timer("learn"):
             learn(s, ro, st)
-        s.engine.load_weights(step + 1, s.parallel.full_state(s.policy))  # the next rollout samples π_new
+        with st.timer("sync"):  # the next rollout samples π_new (rollout workers: the weights are sent)
+            s.engine.load_weights(step + 1, s.parallel.full_state(s.policy))
+            st.sync_bytes = getattr(s.engine, "last_sync_bytes", 0)
         record = StepRecord.of(ro, items, texts, scores, st.notes)
         record = StepRecord.merge(s.parallel.gather(record))  # every rank's groups, in rank order
         row = st.reduce(s.parallel).finish(record, s)
@@ -68,8 +70,11 @@ def record_logprobs(s: Setup, ro: Rollout) -> Rollout:
     """Phase A's no-grad passes over every completion token: log π_old, when Phase B needs it
     before its first optimizer step (several minibatches) or loss.kl_in_reward does (else Phase B's
     first minibatch, all rows under π_old, records it), log π_ref with a reference model, and the
-    values V_old with a value head (PPO)."""
-    if s.cfg.needs_old_logp_pass:
+    values V_old with a value head (PPO). With rollout.overlap the rollout was sampled by the
+    previous weights: π_old is that behaviour policy, whose log-probs the sampler recorded."""
+    if s.cfg.rollout.overlap:  # sampled by an older policy: the ratio is taken against the behaviour policy
+        ro = ro.replace(old_logp=ro.sampler_logp)
+    elif s.cfg.needs_old_logp_pass:
         ro = ro.replace(old_logp=s.forward.rollout_logprobs(s.train_model, ro))
     if s.reference is not None:
         with s.reference() as ref:

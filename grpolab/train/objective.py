@@ -13,7 +13,8 @@ from typing import Callable
 
 import torch
 
-from grpolab.algo.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, Aggregation, importance_ratio
+from grpolab.algo.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, Aggregation, importance_ratio,
+                                 logprob_mismatch, truncated_is_weights)
 from grpolab.forward import LogProbForward
 from grpolab.rollout.types import Rollout
 
@@ -38,6 +39,8 @@ class Objective:
     """The log-prob forward of the run (layout, dtype, temperature)."""
     measure_kl: bool = False
     """A reference model is loaded: the KL to it is computed and reported, a loss term when kl_coef > 0."""
+    tis_cap: float = 0.0
+    """loss.tis_cap: the policy loss of each token weighted by min(π_old / π_sampler, tis_cap) (0 = off)."""
 
     def normalizer(self, loss_mask: torch.Tensor) -> torch.Tensor:
         """The minibatch-wide divisor of the aggregation, counted on the whole minibatch's mask."""
@@ -57,6 +60,10 @@ class Objective:
         old = micro.old_logp if micro.old_logp is not None else logp.detach()
         mask = micro.loss_mask
         per_tok, st = self.policy_loss(logp, old, micro.advantages, mask, self.eps_low, self.eps_high, self.dual_clip)
+        sampler = micro.sampler_logp
+        if self.tis_cap > 0 and sampler is not None:  # the sampler's numerics are not the trainer's
+            per_tok = per_tok * truncated_is_weights(old, sampler, self.tis_cap)
+        gap_sum, gap_max = logprob_mismatch(old, sampler, mask) if sampler is not None else (logp.new_zeros(()),) * 2
         kl = torch.zeros_like(logp)
         if self.measure_kl:
             kl = self.kl_estimator(logp, micro.ref_logp)
@@ -79,6 +86,8 @@ class Objective:
             "tokens": m.sum(),
             "ratio_min": torch.where(mask, ratio, torch.full_like(ratio, float("inf"))).min(),
             "ratio_max": torch.where(mask, ratio, torch.full_like(ratio, float("-inf"))).max(),
+            "mismatch": gap_sum,
+            "mismatch_max": gap_max,
             "loss": loss.detach(),
             "logp": logp.detach(),
         }
@@ -122,6 +131,7 @@ def build_objective(loss_cfg, rollout_cfg, forward: LogProbForward, token_advant
         dual_clip=loss_cfg.dual_clip,
         kl_coef=0.0 if loss_cfg.kl_in_reward else loss_cfg.kl_coef,
         measure_kl=loss_cfg.kl_coef > 0,
+        tis_cap=loss_cfg.tis_cap,
         kl_estimator=KL_ESTIMATORS[loss_cfg.kl_estimator],
         kl_ratio_weighted=loss_cfg.kl_ratio_weighted,
         entropy_coef=loss_cfg.entropy_coef,

@@ -189,6 +189,7 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
                   file=sys.stderr)
         raise
     finally:
+        setup.close()
         if outputs is not None:
             outputs.close()
         if setup.progress is not None:

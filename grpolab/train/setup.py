@@ -26,6 +26,7 @@ from grpolab.memory import keep_freed_memory
 from grpolab.models.loading import frozen_copy
 from grpolab.rollout.engine import Engine, build_engine
 from grpolab.train.critic import Critic
+from grpolab.train.overlap import Prefetcher
 from grpolab.train.objective import Objective, SkipEmptyRows, build_loss
 
 
@@ -180,6 +181,10 @@ class Setup:
     wrapper (model.compile); same parameters."""
     critic: Critic | None = None
     """PPO's value head on the policy's trunk (loss.advantage=gae); None otherwise."""
+    reward_pool: Any = None
+    """Ray reward workers that score the rollouts (rollout.reward_workers); None = score here."""
+    prefetch: Any = None
+    """rollout.overlap: the next step's batch in flight (train.overlap.Prefetcher); None otherwise."""
 
     def __post_init__(self) -> None:
         if self.train_model is None:
@@ -233,6 +238,17 @@ class Setup:
         for hook in self.hooks:
             hook(step, row, record)
 
+    def prompt_state(self) -> dict:
+        """The prompt stream's state for a checkpoint: before a prefetched step's prompts (rollout.overlap)."""
+        held = self.prefetch.prompt_state if self.prefetch is not None else None
+        return held if held is not None else self.prompts.state_dict()
+
+    def close(self) -> None:
+        """Ends what the run started besides this process: the prefetch thread, Ray workers."""
+        for part in (self.prefetch, self.reward_pool, self.engine):
+            if hasattr(part, "close"):
+                part.close()
+
     def should_stop(self) -> bool:
         """A stop was requested (SIGTERM/SIGINT) on this rank or any other: all ranks stop together."""
         return self.parallel.any(self.stop is not None and self.stop.requested)
@@ -254,6 +270,24 @@ def trainable_parameters(policy, critic: Critic | None = None) -> list[torch.nn.
     gradient, then the value head's (PPO)."""
     params = [p for p in policy.parameters() if p.requires_grad]
     return params + (list(critic.head.parameters()) if critic is not None else [])
+
+
+def rollout_engine(cfg: Config, policy, tokenizer, dtype, parallel: Parallel) -> Engine:
+    """Phase A's engine: rollout.engine in this process, or on rollout.workers Ray actors."""
+    if cfg.rollout.workers:
+        from grpolab.dist.ray_engine import build_ray_engine
+
+        return build_ray_engine(cfg, policy, tokenizer, parallel)
+    return build_engine(cfg, policy, tokenizer, dtype)
+
+
+def reward_pool(cfg: Config, rewards: list, parallel: Parallel):
+    """Ray reward workers (rollout.reward_workers), or None: the rewards are scored in this process."""
+    if not cfg.rollout.reward_workers:
+        return None
+    from grpolab.dist.reward_pool import build_reward_pool
+
+    return build_reward_pool(cfg, rewards, parallel)
 
 
 def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress=None,
@@ -294,8 +328,9 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     if cfg.train.keep_freed_memory and device.type == "cpu":
         keep_freed_memory()
     return Setup(
-        cfg=cfg, policy=policy, tokenizer=tokenizer,
-        engine=build_engine(cfg, sampler, tokenizer, dtype), forward=forward,
+        cfg=cfg, policy=policy, tokenizer=tokenizer, engine=rollout_engine(cfg, sampler, tokenizer, dtype, parallel),
+        reward_pool=reward_pool(cfg, rewards, parallel), prefetch=Prefetcher() if cfg.rollout.overlap else None,
+        forward=forward,
         objective=build_loss(cfg.loss, cfg.rollout, forward, critic), critic=critic,
         advantage_fn=make_advantage_fn(cfg.loss.advantage, cfg.loss.std, cfg.loss.std_eps),
         rewards=rewards, prompts=prompts, optimizer=opt, scheduler=sched,

@@ -8,8 +8,8 @@ The first SIGTERM or SIGINT (Ctrl-C) only sets a flag and prints one line saying
 The loop checks the flag between GRPO steps: the step that is running is finished (a partly done
 step cannot be resumed exactly: its rollout is not saved), the checkpoint hook saves, and the run
 exits. A second signal gives up at once (KeyboardInterrupt): that step is lost, the previous
-checkpoint stays usable. Handlers can only be installed from the main thread; elsewhere this does
-nothing (signals then keep their default behaviour).
+checkpoint stays usable. Handlers can only be installed from the main thread; elsewhere (a Ray
+trainer actor runs the loop in a thread of its own) `request_stop` stands in for the signal.
 """
 
 from __future__ import annotations
@@ -40,12 +40,27 @@ class StopSignal:
               f"(send it again to stop at once)", file=self.stream or sys.stderr, flush=True)
 
     def __enter__(self) -> Self:
+        _ACTIVE.append(self)
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+
+_ACTIVE: list[StopSignal] = []
+
+
+def request_stop(signum: int = signal.SIGTERM) -> bool:
+    """What `signum` arriving would do, for every StopSignal in force in this process (from any
+    thread: `grpolab train --ray` forwards the driver's signals to its trainer actors this way).
+    Returns whether one was in force."""
+    for stop in list(_ACTIVE):
+        stop._handle(signum, None)
+    return bool(_ACTIVE)

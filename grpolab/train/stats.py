@@ -16,7 +16,7 @@ from grpolab.rewards.registry import is_verifier
 
 
 def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "StepStats",
-                  max_new_tokens: int | None = None):
+                  max_new_tokens: int | None = None, pool=None):
     """Scores every completion with every reward function and combines them.
 
     rewards: list of (RewardFn, weight). Returns (scores: name -> [N] (NaN = abstained),
@@ -25,6 +25,7 @@ def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "
     names of the verifier rewards, in config order (the candidates of the `accuracy` metric).
     Each row's metadata: its prompt's meta, `truncated`, `completion_tokens` (generated tokens,
     EOS included) and, when given, `max_new_tokens` (rollout.max_new_tokens; rewards/shaping.py).
+    pool: a `dist.reward_pool.RewardPool` scoring on Ray reward workers (None = in this process).
     """
     G = ro.group_size
     prompts = [it.prompt for it in items for _ in range(G)]
@@ -36,9 +37,15 @@ def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "
     scores, weights = {}, {}
     st.verifiers = [fn.name for fn, _w in rewards if is_verifier(fn)]
     st.proxies = [fn.name for fn, w in rewards if w != 0 and not is_verifier(fn)]
+    remote = pool.score(prompts, texts, metas, G) if pool is not None else {}
     for fn, w in rewards:
         try:
-            scores[fn.name] = score_batch(fn, prompts, texts, metas)
+            if fn.name in remote:  # scored by the reward workers: their scores, or what the function raised
+                if isinstance(remote[fn.name], BaseException):
+                    raise remote[fn.name]
+                scores[fn.name] = remote[fn.name]
+            else:
+                scores[fn.name] = score_batch(fn, prompts, texts, metas)
         except Exception as e:  # noqa: BLE001 - a user's reward function may raise anything
             if on_error == "raise":
                 if isinstance(e, RewardError):
@@ -133,7 +140,7 @@ class StepRecord:
                    first.group_size, tuple(n for r in records for n in r.notes))
 
 
-_SUMS = ("kl", "ratio", "clipped_low", "clipped_high", "entropy", "tokens")
+_SUMS = ("kl", "ratio", "clipped_low", "clipped_high", "entropy", "tokens", "mismatch")
 
 
 class StepStats:
@@ -144,6 +151,7 @@ class StepStats:
         self.times: dict[str, float] = {}
         self.sums: dict[str, float] = {}
         self.ratio_min, self.ratio_max = math.inf, -math.inf
+        self.mismatch_max = 0.0  # max |log π_train − log π_sampler| over counted tokens
         self.grad_norms: list[float] = []
         self.losses: list[float] = []
         self.skipped = 0
@@ -154,6 +162,8 @@ class StepStats:
         self.notes: list[str] = []  # degraded behaviour (a reward replaced after an error)
         self.gen_batches: int | None = None  # rollout.dynamic_sampling: batches drawn (alike on every rank)
         self.dropped_groups = 0  # rollout.dynamic_sampling: groups of equal rewards not trained on
+        self.staleness = 0  # weight versions between the trainer's policy and the one that sampled the rollout
+        self.sync_bytes = 0  # sent to the rollout workers after Phase B (0 when the engine samples the policy itself)
         self.t0 = time.perf_counter()
 
     @contextlib.contextmanager
@@ -167,6 +177,16 @@ class StepStats:
             self.sums[k] = self.sums.get(k, 0.0) + float(stats[k])
         self.ratio_min = min(self.ratio_min, float(stats["ratio_min"]))
         self.ratio_max = max(self.ratio_max, float(stats["ratio_max"]))
+        self.mismatch_max = max(self.mismatch_max, float(stats["mismatch_max"]))
+
+    def absorb(self, other: "StepStats") -> None:
+        """Takes what `other` recorded while it generated and scored this step's batch elsewhere
+        (rollout.overlap, in a background thread): timers, reward errors, notes, reward names."""
+        for k, v in other.times.items():
+            self.times[k] = self.times.get(k, 0.0) + v
+        self.reward_errors += other.reward_errors
+        self.notes += other.notes
+        self.verifiers, self.proxies = other.verifiers, other.proxies
 
     def reduce(self, parallel) -> "StepStats":
         """Sums the microbatch sums, reward errors and dropped groups over ranks, min/max the ratio
@@ -174,10 +194,10 @@ class StepStats:
         this rank's."""
         counts = [self.reward_errors, self.dropped_groups]
         sums, mins, maxs = parallel.reduce_floats([self.sums.get(k, 0.0) for k in _SUMS] + counts,
-                                                  [self.ratio_min], [self.ratio_max])
+                                                  [self.ratio_min], [self.ratio_max, self.mismatch_max])
         self.sums = dict(zip(_SUMS, sums))
         self.reward_errors, self.dropped_groups = int(sums[-2]), int(sums[-1])
-        self.ratio_min, self.ratio_max = mins[0], maxs[0]
+        self.ratio_min, self.ratio_max, self.mismatch_max = mins[0], maxs[0], maxs[1]
         return self
 
     def finish(self, record: StepRecord, s) -> dict:
@@ -211,6 +231,7 @@ class StepStats:
             "ratio/min": self.ratio_min if math.isfinite(self.ratio_min) else 1.0,
             "ratio/max": self.ratio_max if math.isfinite(self.ratio_max) else 1.0,
             "entropy": self.sums.get("entropy", 0.0) / tok,
+            "mismatch/mean": self.sums.get("mismatch", 0.0) / tok, "mismatch/max": self.mismatch_max,
             "loss": sum(self.losses) / max(len(self.losses), 1),
             "grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1),
             "lr": s.scheduler.get_last_lr()[0],
@@ -224,6 +245,11 @@ class StepStats:
             "skipped_steps": self.skipped,
             "reward_errors": self.reward_errors,
         })
+        row.update({"rollout/staleness": self.staleness, "time/sync_s": self.times.get("sync", 0.0)})
+        if self.sync_bytes:  # the weights went to rollout workers of their own
+            row.update({"sync/seconds": self.times.get("sync", 0.0), "sync/bytes": self.sync_bytes})
+        if "rollout_wait" in self.times:  # rollout.overlap: what the step waited for its prefetched batch
+            row["time/rollout_wait_s"] = self.times["rollout_wait"]
         if self.gen_batches is not None:
             row.update({"rollout/gen_batches": self.gen_batches, "rollout/dropped_groups": self.dropped_groups})
         row["mfu"] = s.mfu(row)

@@ -40,6 +40,7 @@ class FakeEngine:
 
     def __init__(self):
         self.calls = 0
+        self.weight_version = 0
 
     def generate(self, prompts, group_size, *, generator=None, greedy=False) -> Rollout:
         self.calls += 1
@@ -72,7 +73,7 @@ def _fake_setup(signals: list[bool], P: int, cap: int, parallel: Parallel | None
     return SimpleNamespace(cfg=cfg, parallel=parallel or Parallel(), prompts=stream, engine=FakeEngine(),
                            rewards=[(_named(_signal_reward), 1.0)], on_reward_error="raise",
                            sample_gen=torch.Generator().manual_seed(0), tokenizer=SimpleNamespace(pad_token_id=0),
-                           progress=SimpleNamespace(phase=lambda *a: None))
+                           progress=SimpleNamespace(phase=lambda *a: None), reward_pool=None, prefetch=None)
 
 
 def _named(fn):

@@ -1,0 +1,19 @@
+"""Reward functions for the Ray tests, imported by name ('slow_rewards:...') in reward-worker actors."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+
+def sleepy(log: str, seconds: float = 1.0):
+    """A reward that sleeps `seconds` per call and appends {pid, start, end, rows} to the file `log`;
+    scores each completion by its length."""
+    def score(prompts, completions, metadata):
+        start = time.time()
+        time.sleep(seconds)
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"pid": os.getpid(), "start": start, "end": time.time(), "rows": len(completions)}) + "\n")
+        return [float(len(c)) for c in completions]
+    return score

@@ -1,0 +1,151 @@
+"""Rollout and reward workers on a local Ray cluster (CPU): weight sync checked on the workers'
+tokens, one worker = the single-process run, reward calls in parallel, overlap one version behind
+with the behaviour log-probs in the loss."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from grpolab import config as C  # noqa: E402
+from grpolab.rollout.hf import HFEngine  # noqa: E402
+from grpolab.train import grpo  # noqa: E402
+from grpolab.train.run import train_in_run_dir  # noqa: E402
+from grpolab.train.setup import build_setup  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2",
+        "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=6",
+        "train.minibatch_size=8", "train.microbatch_size=4", "train.steps=3", "run.threads=1",
+        "run.progress=false", "run.tensorboard=false"]
+NOT_COMPARED = ("time/", "tokens_per_s/", "mfu", "sync/")
+
+
+def _cfg(*overrides: str) -> C.Config:
+    return C.from_preset("grpo", TINY + list(overrides))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray cluster for the module; the workers import this folder's modules (slow_rewards)."""
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, namespace="grpolab-tests",
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    torch.set_num_threads(1)
+    yield
+    ray.shutdown()
+
+
+def _checksum(model) -> float:
+    with torch.no_grad():
+        return float(sum(p.double().sum() for p in model.state_dict().values()))
+
+
+def test_every_worker_samples_with_the_trainers_new_weights_after_each_sync(cluster):
+    """3 steps with 2 rollout workers: after each sync each worker holds version step+1, its weights
+    are the trainer's, and from one sampling state it draws the tokens and log-probs the trainer's
+    own policy draws (and the greedy tokens); the policy does change over the steps."""
+    s = build_setup(_cfg("rollout.workers=2", "train.lr=0.05", "loss.entropy_coef=0.05"))
+    probe = ["12+7=", "3*4=", "9-2=", "8/0="]
+    local = HFEngine(s.tokenizer, s.cfg.rollout.max_new_tokens, model=s.policy)
+    seen = [local.generate(probe, 2, generator=torch.Generator().manual_seed(5)).input_ids]
+
+    def check(step, row, record):
+        assert s.engine.versions() == [step + 1, step + 1]
+        assert row["sync/bytes"] == sum(v.numel() * v.element_size() for v in s.policy.state_dict().values())
+        state = torch.Generator().manual_seed(5).get_state()
+        mine = local.generate(probe, 2, generator=torch.Generator().manual_seed(5))
+        greedy = local.generate(probe, 1, greedy=True)
+        for w in s.engine.workers:
+            assert ray.get(w.state_checksum.remote()) == _checksum(s.policy)
+            ro, _ = ray.get(w.generate.remote(probe, 2, bytes(state.numpy()), None, False))
+            assert ro.weight_version == step + 1
+            torch.testing.assert_close(ro.input_ids, mine.input_ids, rtol=0, atol=0)
+            torch.testing.assert_close(ro.sampler_logp, mine.sampler_logp)
+            g, _ = ray.get(w.generate.remote(probe, 1, None, 0, True))
+            torch.testing.assert_close(g.input_ids, greedy.input_ids, rtol=0, atol=0)
+        seen.append(mine.input_ids)
+
+    s.hooks.append(check)
+    try:
+        grpo.train(s)
+    finally:
+        s.close()
+    assert len(seen) == 4
+    assert any(not torch.equal(a, seen[0]) for a in seen[1:]), "the policy never changed: the test proves nothing"
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(NOT_COMPARED)}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_one_rollout_worker_writes_the_single_process_metrics(cluster, tmp_path):
+    """Same seed, CPU: rollout.workers=1 gives the metrics and samples of the in-process engine."""
+    for name, extra in (("local", []), ("ray", ["rollout.workers=1"])):
+        s = build_setup(_cfg(*extra, "loss.entropy_coef=0.01"))
+        assert train_in_run_dir(s, tmp_path / name) == 0
+    assert len(_rows(tmp_path / "ray")) == 3
+    assert _rows(tmp_path / "ray") == _rows(tmp_path / "local")
+    assert (tmp_path / "ray" / "samples.jsonl").read_text() == (tmp_path / "local" / "samples.jsonl").read_text()
+    assert all("sync/seconds" in json.loads(x) for x in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines())
+
+
+def test_reward_workers_score_the_groups_at_once_with_the_same_scores(cluster, tmp_path):
+    """A reward that sleeps 1 s per call, 4 groups over 2 reward workers: the 4 calls all run at the
+    same time (no call starts after another has ended), and the scores are the in-process ones."""
+    log = tmp_path / "calls.jsonl"
+    reward = f'rewards=[{{name: "slow_rewards:sleepy", kwargs: {{log: "{log}", seconds: 1.0}}}}]'
+    s = build_setup(_cfg("rollout.reward_workers=2", "train.steps=1", reward))
+    records = []
+    s.hooks.append(lambda step, row, record: records.append((row, record)))
+    try:
+        grpo.train(s)
+    finally:
+        s.close()
+    calls = [json.loads(x) for x in log.read_text().splitlines()]
+    remote = [c for c in calls if c["pid"] != os.getpid()]  # the trainer's own call is build_setup's probe
+    assert len(remote) == 4 and all(c["rows"] == 4 for c in remote)
+    assert max(c["start"] for c in remote) < min(c["end"] for c in remote)
+    row, record = records[0]
+    torch.testing.assert_close(record.scores["slow_rewards:sleepy"],
+                               torch.tensor([float(len(t)) for t in record.texts]))
+
+
+def test_overlap_learns_one_version_behind_on_the_behaviour_log_probs(cluster, monkeypatch):
+    """rollout.overlap=1: step k's rollout was sampled by weights k-1 (staleness 0, 1, 1), and the loss
+    takes π_old from those weights (the sampler's log-probs), not from the trainer's policy at step k."""
+    s = build_setup(_cfg("rollout.workers=1", "rollout.overlap=1", "train.lr=0.05", "loss.entropy_coef=0.05"))
+    seen = []
+    learn = grpo.learn
+
+    def spy(setup, ro, st):
+        seen.append((ro, copy.deepcopy(setup.policy.state_dict())))  # the weights that learn on `ro`
+        learn(setup, ro, st)
+
+    monkeypatch.setattr(grpo, "learn", spy)
+    staleness = []
+    s.hooks.append(lambda step, row, record: staleness.append(row["rollout/staleness"]))
+    try:
+        grpo.train(s)
+    finally:
+        s.close()
+    assert staleness == [0, 1, 1]
+    model = copy.deepcopy(s.policy)
+    for k, (ro, weights) in enumerate(seen):
+        assert ro.weight_version == max(k - 1, 0)
+        torch.testing.assert_close(ro.old_logp, ro.sampler_logp, rtol=0, atol=0)
+        behaviour = seen[max(k - 1, 0)][1]
+        model.load_state_dict(behaviour)
+        torch.testing.assert_close(ro.old_logp, s.forward.rollout_logprobs(model, ro) * ro.loss_mask)
+        if k:
+            model.load_state_dict(weights)  # the trainer's own policy at step k: not what the ratio is taken against
+            trainer = s.forward.rollout_logprobs(model, ro) * ro.loss_mask
+            assert (trainer - ro.old_logp).abs().max() > 1e-4

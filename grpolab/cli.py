@@ -58,9 +58,8 @@ def _train_on_ray(args) -> int:
     from grpolab.dist.ray_launch import run_on_ray, strip_ray
 
     argv = strip_ray(args.argv)
-    if args.ray and "=" in args.ray:  # `--ray key=value`: an override, not an address
+    if args.ray and "=" in args.ray:  # `--ray key=value`: an override, not an address (strip_ray kept it)
         args.overrides, args.ray = [*args.overrides, args.ray], "local"
-        argv.append(args.overrides[-1])
     cfg = _load_cfg(args).validate()  # config errors are named here, before any actor starts
     if args.nproc < 1:
         from grpolab.config import ConfigError

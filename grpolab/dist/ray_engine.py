@@ -206,6 +206,18 @@ class RayEngine:
         self.workers = []
 
 
+def _placement(cfg, index: int) -> dict:
+    """Colocated mode (a fraction of a GPU per worker, trainer ranks placed by `grpolab train --ray`):
+    worker `index` goes in trainer bundle index mod ranks, on that rank's GPU; else Ray places it."""
+    from ray.util import get_current_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = get_current_placement_group()
+    if pg is None or not 0 < cfg.rollout.worker_gpus < 1 or not cfg.model.device.startswith("cuda"):
+        return {}
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index % pg.bundle_count)}
+
+
 def build_ray_engine(cfg, policy, tokenizer, parallel) -> RayEngine:
     """rollout.workers RolloutWorker actors (created by rank 0, named for this run, looked up by the
     other ranks), loaded with `policy`'s weights as version 0 before the first rollout."""
@@ -216,7 +228,7 @@ def build_ray_engine(cfg, policy, tokenizer, parallel) -> RayEngine:
     names = [f"grpolab-{token}-rollout-{i}" for i in range(r.workers)]
     if parallel.is_main:
         actor = ray.remote(RolloutWorker)
-        workers = [actor.options(name=n, num_cpus=1, num_gpus=r.worker_gpus).remote(cfg, i)
+        workers = [actor.options(name=n, num_cpus=1, num_gpus=r.worker_gpus, **_placement(cfg, i)).remote(cfg, i)
                    for i, n in enumerate(names)]
     parallel.barrier()
     if not parallel.is_main:

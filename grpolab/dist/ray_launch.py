@@ -3,7 +3,10 @@
 The driver (this process) joins the cluster at ADDRESS (`auto`, `HOST:6379`, `ray://HOST:10001`),
 or starts a local one, reserves a placement group of N trainer bundles (a CPU share each, and a
 GPU each when model.device is CUDA; packed onto as few nodes as fit) and starts one `TrainerRank`
-actor per bundle. Each rank runs the same command as `grpolab train` does under torchrun: rank 0's
+actor per bundle. GPU placement of the rollout workers: rollout.worker_gpus = 1 gives each a GPU of
+its own outside the trainer's bundles (separate mode); a fraction puts them in the trainer ranks'
+bundles, round-robin, on the trainer's GPU (colocated mode: the trainer actor takes what they leave;
+a vLLM engine sleeps while the trainer learns). Each rank runs the same command as `grpolab train` does under torchrun: rank 0's
 actor picks the rendezvous address, every actor gets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT
 and joins the torch.distributed group (gloo on CPUs, NCCL on GPUs) of `train.parallel`; one rank
 runs without a process group, as a plain `grpolab train` does. Rank 0 then starts the
@@ -94,14 +97,16 @@ def run_on_ray(cfg, argv: list[str], address: str, nproc: int, ready_timeout_s: 
     _init(ray, cfg, address, nproc)
     gpus = cfg.model.device.startswith("cuda")
     cpus = max(1, cfg.run.threads)
-    bundle = {"CPU": cpus, **({"GPU": 1} if gpus else {})}
+    guests = colocated_workers(cfg, nproc)
+    trainer_gpus = (1 - guests * cfg.rollout.worker_gpus) if gpus else 0
+    bundle = {"CPU": cpus + guests, **({"GPU": 1} if gpus else {})}  # a GPU each, shared with its guests
     pg = placement_group([bundle] * nproc, strategy="PACK")
     ready, _ = ray.wait([pg.ready()], timeout=ready_timeout_s)
     if not ready:
         raise ValueError(f"the Ray cluster has no room for {nproc} trainer rank(s) of {bundle} after "
                          f"{ready_timeout_s:.0f} s (ray status shows its resources); lower --nproc or run.threads")
     actor = ray.remote(TrainerRank)
-    ranks = [actor.options(num_cpus=cpus, num_gpus=1 if gpus else 0, max_concurrency=2,
+    ranks = [actor.options(num_cpus=cpus, num_gpus=trainer_gpus, max_concurrency=2,
                            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i))
              .remote() for i in range(nproc)]
     master = ray.get(ranks[0].address.remote()) if nproc > 1 else None
@@ -128,6 +133,19 @@ def run_on_ray(cfg, argv: list[str], address: str, nproc: int, ready_timeout_s: 
     if len(signals) > 1:
         return 128 + signals[-1]
     return next((c for c in codes if c), 0)
+
+
+def colocated_workers(cfg, nproc: int) -> int:
+    """Rollout workers placed in each trainer rank's bundle, sharing its GPU (colocated mode:
+    0 < rollout.worker_gpus < 1 with a CUDA model); 0 otherwise (separate mode, or CPUs)."""
+    share = cfg.rollout.worker_gpus
+    if not (cfg.model.device.startswith("cuda") and 0 < share < 1 and cfg.rollout.workers):
+        return 0
+    per = -(-cfg.rollout.workers // nproc)
+    if per * share >= 1:
+        raise ValueError(f"rollout.worker_gpus={share} × {per} rollout worker(s) per trainer GPU leaves the trainer "
+                         "no share of it; lower rollout.worker_gpus or rollout.workers, or use whole GPUs (1)")
+    return per
 
 
 def _wait(ray, runs: list) -> list[int]:

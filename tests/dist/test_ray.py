@@ -149,3 +149,27 @@ def test_overlap_learns_one_version_behind_on_the_behaviour_log_probs(cluster, m
             model.load_state_dict(weights)  # the trainer's own policy at step k: not what the ratio is taken against
             trainer = s.forward.rollout_logprobs(model, ro) * ro.loss_mask
             assert (trainer - ro.old_logp).abs().max() > 1e-4
+
+
+def test_colocated_placement_shares_each_trainer_gpu_and_refuses_an_overfull_one():
+    """Colocated mode: ceil(workers / ranks) workers per trainer bundle on a CUDA model; none on CPUs or
+    with whole GPUs (separate mode); a share that leaves the trainer nothing is refused."""
+    from grpolab.dist.ray_launch import colocated_workers
+
+    def cfg(*ov):
+        return C.from_preset("grpo", TINY + list(ov))
+
+    assert colocated_workers(cfg("rollout.workers=3", "rollout.worker_gpus=0.25", "model.device=cuda"), 2) == 2
+    assert colocated_workers(cfg("rollout.workers=3", "rollout.worker_gpus=0.25"), 2) == 0  # CPU
+    assert colocated_workers(cfg("rollout.workers=2", "rollout.worker_gpus=1", "model.device=cuda"), 2) == 0
+    with pytest.raises(ValueError, match="rollout.worker_gpus=0.5"):
+        colocated_workers(cfg("rollout.workers=2", "rollout.worker_gpus=0.5", "model.device=cuda"), 1)
+
+
+def test_the_actors_command_line_drops_ray_and_nproc():
+    from grpolab.dist.ray_launch import strip_ray
+
+    assert strip_ray(["train", "c.yaml", "--ray", "--nproc", "2", "a=1"]) == ["train", "c.yaml", "a=1"]
+    assert strip_ray(["train", "c.yaml", "--ray", "ray://h:10001", "a=1"]) == ["train", "c.yaml", "a=1"]
+    assert strip_ray(["train", "c.yaml", "--ray", "a=1", "--resume"]) == ["train", "c.yaml", "a=1", "--resume"]
+    assert strip_ray(["train", "c.yaml", "--ray=auto", "--nproc=2"]) == ["train", "c.yaml"]

@@ -90,8 +90,10 @@ class HFEngine:
         self.weight_version = version
 
     def encode_prompts(self, prompts: Sequence[str], device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded prompt ids [P, Lp] and attention mask [P, Lp] bool."""
-        enc = self.tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+        """Left-padded prompt ids [P, Lp] and attention mask [P, Lp] bool (left whatever the tokenizer's
+        own padding side: the next token of every row is read from the last column)."""
+        enc = self.tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left",
+                             add_special_tokens=False)
         return enc["input_ids"].to(device), enc["attention_mask"].to(device).bool()
 
     @torch.no_grad()

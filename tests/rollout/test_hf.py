@@ -59,3 +59,19 @@ def test_hf_engine_follows_the_engine_protocol_and_samples_from_its_policy(tiny)
     other = {k: torch.zeros_like(v) for k, v in before.items()}
     eng.load_weights(2, other)
     assert eng.weight_version == 2 and all(bool((v == 0).all()) for v in model.state_dict().values())
+
+
+def test_prompts_are_left_padded_whatever_the_tokenizers_padding_side(tiny):
+    """A tokenizer that pads on the right (SmolLM2's does) still gives left-padded prompts, so each
+    row's first token comes from its own last prompt token: a batch of prompts of different lengths
+    decodes greedily as each prompt alone does."""
+    model, tok = tiny
+    right = copy.deepcopy(tok)
+    right.padding_side = "right"
+    engine = HFEngine(right, max_new_tokens=6, model=model)
+    prompts = ["7+5=", "12+30=", "1="]
+    ids, am = engine.encode_prompts(prompts, "cpu")
+    assert am[:, -1].all() and not am[:, 0].all()  # every prompt ends in the last column
+    batch = engine.decode(engine.generate(prompts, 1, greedy=True))
+    alone = [engine.decode(engine.generate([p], 1, greedy=True))[0] for p in prompts]
+    assert batch == alone

@@ -83,7 +83,7 @@ def test_overrides_parse_types():
         ("loss.dual_clip=0.5", "loss.dual_clip=0.5 must be > 1"),
         ("train.lr=-1", "train.lr=-1.0 must be > 0"),
         ("noequals", "expected key=value"),
-        ("rollout.engine=vllm", "rollout.engine='vllm' is not one of hf"),
+        ("rollout.engine=sglang", "rollout.engine='sglang' is not one of hf, vllm"),
     ],
 )
 def test_bad_overrides_name_the_field(override, needle):

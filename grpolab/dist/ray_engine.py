@@ -51,7 +51,14 @@ def connect(cfg, actors: int) -> None:
     if ray.is_initialized():
         return
     ray.init(num_cpus=max(os.cpu_count() or 1, actors), include_dashboard=False, log_to_driver=True,
-             namespace=f"grpolab-{uuid.uuid4().hex[:8]}")
+             namespace=f"grpolab-{uuid.uuid4().hex[:8]}", runtime_env=local_runtime_env())
+
+
+def local_runtime_env() -> dict:
+    """The actors of a local cluster import what this process imports: its working directory and
+    PYTHONPATH (a reward given as 'module:attr' from the current folder)."""
+    path = [os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(path)}}
 
 
 class RolloutWorker:

@@ -26,7 +26,7 @@ import socket
 import sys
 import uuid
 
-from grpolab.dist.ray_engine import require_ray
+from grpolab.dist.ray_engine import local_runtime_env, require_ray
 
 
 class TrainerRank:
@@ -84,7 +84,7 @@ def _init(ray, cfg, address: str, nproc: int) -> None:
         return
     actors = nproc + r.workers + r.reward_workers
     ray.init(num_cpus=max(os.cpu_count() or 1, actors * max(1, cfg.run.threads)), include_dashboard=False,
-             log_to_driver=True, namespace=namespace)
+             log_to_driver=True, namespace=namespace, runtime_env=local_runtime_env())
 
 
 def run_on_ray(cfg, argv: list[str], address: str, nproc: int, ready_timeout_s: float = 300.0) -> int:

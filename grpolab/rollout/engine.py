@@ -52,10 +52,21 @@ def _hf_engine(cfg, policy, tokenizer, compute_dtype) -> Engine:
                     bf16_weights=r.bf16_weights, packed_weights=r.packed_weights, model=policy)
 
 
+def _vllm_engine(cfg, policy, tokenizer, compute_dtype) -> Engine:
+    """vLLM on a CUDA GPU (the vllm extra) with its own copy of the weights, loaded after each optimizer
+    phase. It runs in the training process or in a rollout worker, and sleeps while the trainer learns
+    (rollout.vllm_sleep)."""
+    from grpolab.rollout.vllm_engine import VLLMEngine  # vllm itself is imported only when the engine is built
+
+    return VLLMEngine.from_config(cfg, policy, tokenizer, compute_dtype)
+
+
 ENGINES: dict[str, EngineFactory] = {
     "hf": _hf_engine,
+    "vllm": _vllm_engine,
 }
-"""rollout.engine -> factory. The HF engine runs in the training process on the policy itself."""
+"""rollout.engine -> factory. The HF engine runs in the training process on the policy itself; the vLLM
+engine (CUDA only) holds weights of its own, refreshed by `load_weights`."""
 
 
 def build_engine(cfg, policy, tokenizer, compute_dtype) -> Engine:

@@ -192,11 +192,14 @@ class RayEngine:
         other ranks only read it (an FSDP2 state is gathered collectively) and record the version."""
         ray = require_ray()
         t = time.perf_counter()
-        cpu = {k: state[k].detach().to("cpu", copy=True) for k in state}  # every rank reads, in order
         if self.is_main:
+            cpu = {k: state[k].detach().cpu() for k in state}  # put copies them into the object store
             ref = ray.put(cpu)
             ray.get([w.load_weights.remote(version, ref) for w in self.workers])
             self.last_sync_bytes = sum(v.numel() * v.element_size() for v in cpu.values())
+        elif not isinstance(state, dict):  # gathered as read (FSDP2): every rank reads it, in the same order
+            for k in state:
+                state[k]
         self.last_sync_seconds = time.perf_counter() - t
         self.weight_version = version
 

@@ -173,3 +173,30 @@ def test_the_actors_command_line_drops_ray_and_nproc():
     assert strip_ray(["train", "c.yaml", "--ray", "ray://h:10001", "a=1"]) == ["train", "c.yaml", "a=1"]
     assert strip_ray(["train", "c.yaml", "--ray", "a=1", "--resume"]) == ["train", "c.yaml", "a=1", "--resume"]
     assert strip_ray(["train", "c.yaml", "--ray=auto", "--nproc=2"]) == ["train", "c.yaml"]
+
+
+def test_a_stopped_overlap_run_resumes_with_the_prompts_it_had_not_trained_on(cluster, tmp_path):
+    """rollout.overlap=1, stopped after step 1 while step 2's batch was in flight: the checkpoint keeps the
+    prompt stream before that batch, so the resumed run trains steps 2 and 3 on the prompts the
+    uninterrupted run trained them on (step 2 generated again from the checkpoint's weights: staleness 0)."""
+    from grpolab.train.checkpoint import complete_checkpoints
+    from grpolab.train.signals import request_stop
+
+    cfg = _cfg("rollout.workers=1", "rollout.overlap=1", "train.steps=4", "run.checkpoint_every=1")
+    assert train_in_run_dir(build_setup(cfg), tmp_path / "whole") == 0
+    s = build_setup(cfg)
+    s.hooks.insert(0, lambda step, row, record: request_stop() if step == 1 else None)
+    assert train_in_run_dir(s, tmp_path / "run") == 143
+    assert [p.name for p in complete_checkpoints(tmp_path / "run" / "checkpoints")][-1] == "step-2"
+    s = build_setup(cfg)
+    assert train_in_run_dir(s, tmp_path / "run", resume_from=tmp_path / "run" / "checkpoints" / "step-2") == 0
+
+    def prompts(run):
+        return [(r["step"], r["prompt"]) for r in map(json.loads, (run / "samples.jsonl").read_text().splitlines())]
+
+    def staleness(run):
+        return [json.loads(x)["rollout/staleness"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+    assert prompts(tmp_path / "run") == prompts(tmp_path / "whole")
+    assert staleness(tmp_path / "whole") == [0, 1, 1, 1]
+    assert staleness(tmp_path / "run") == [0, 1, 0, 1]

@@ -29,6 +29,10 @@ class RewardWorker:
             torch.set_num_threads(cfg.run.threads)
         self.rewards = build_rewards(cfg)
 
+    def ready(self) -> list[str]:
+        """The names of the rewards this worker built (once its constructor has run)."""
+        return [fn.name for fn, _w in self.rewards]
+
     def score(self, prompts: list[str], texts: list[str], metas: list[dict]) -> dict[str, Any]:
         """name -> [n] float32 scores (NaN = abstained), or the exception the function raised."""
         from grpolab.rewards.base import score_batch
@@ -82,4 +86,12 @@ def build_reward_pool(cfg, rewards: list, parallel) -> RewardPool:
     workers = [actor.options(name=f"grpolab-{tag}-reward-{parallel.rank}-{i}", num_cpus=0,
                              max_concurrency=r.reward_worker_threads).remote(cfg)
                for i in range(r.reward_workers)]
-    return RewardPool(workers, [fn.name for fn, _w in rewards])
+    pool = RewardPool(workers, [fn.name for fn, _w in rewards])
+    try:  # every worker built the rewards before the first step (and a reward it cannot build is named now)
+        ray.get([w.ready.remote() for w in workers])
+    except ray.exceptions.RayError as e:
+        pool.close()
+        raise ValueError(f"rollout.reward_workers: a reward worker could not build the rewards "
+                         f"{[spec.display_name for spec in cfg.rewards]}: {' '.join(str(e).split())[-400:]} "
+                         "(a 'module:attr' reward must be importable on every node)") from None
+    return pool

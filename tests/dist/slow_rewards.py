@@ -17,3 +17,10 @@ def sleepy(log: str, seconds: float = 1.0):
             f.write(json.dumps({"pid": os.getpid(), "start": start, "end": time.time(), "rows": len(completions)}) + "\n")
         return [float(len(c)) for c in completions]
     return score
+
+
+def only_in(pid: int):
+    """A reward that can be built in process `pid` only (as a module missing on the other nodes would be)."""
+    if os.getpid() != pid:
+        raise RuntimeError(f"cannot be built outside process {pid}")
+    return lambda prompts, completions, metadata: [0.0] * len(completions)

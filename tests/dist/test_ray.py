@@ -200,3 +200,10 @@ def test_a_stopped_overlap_run_resumes_with_the_prompts_it_had_not_trained_on(cl
     assert prompts(tmp_path / "run") == prompts(tmp_path / "whole")
     assert staleness(tmp_path / "whole") == [0, 1, 1, 1]
     assert staleness(tmp_path / "run") == [0, 1, 0, 1]
+
+
+def test_a_reward_the_workers_cannot_build_is_named_at_setup(cluster):
+    reward = f'rewards=[{{name: "slow_rewards:only_in", kwargs: {{pid: {os.getpid()}}}}}]'
+    with pytest.raises(ValueError, match=r"rollout.reward_workers: a reward worker could not build the rewards "
+                                         r"\['slow_rewards:only_in'\].*cannot be built outside process"):
+        build_setup(_cfg("rollout.reward_workers=1", reward))

@@ -67,7 +67,8 @@ def builtin_rewards() -> dict[str, RewardEntry]:
 
     classes = (rules.ExactMatch, rules.Refusal, rules.Format, verifiers.AnswerFormat,
                verifiers.ReasoningGymReward, verifiers.MathVerifyReward, code.CodeTests,
-               reward_model.RewardModelReward, self_likelihood.SelfLikelihood, shaping.Overlong)
+               reward_model.RewardModelReward, reward_model.RewardModelEnsemble, self_likelihood.SelfLikelihood,
+               shaping.Overlong)
     return {cls.name: RewardEntry(cls) for cls in classes}
 
 

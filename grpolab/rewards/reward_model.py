@@ -85,3 +85,42 @@ class RewardModelReward:
         elif self.normalize == "fixed":
             s = (s - self.mean) / self.std
         return [float(x) for x in s]
+
+
+class RewardModelEnsemble:
+    """Several saved reward models as one reward (Coste et al. 2023): each member scores every row,
+    normalized to a common scale (`normalize`, as for `reward_model`; "fixed" by default: each member's
+    own training-pair statistics), and `algo.ensembles.ENSEMBLES[mode]` turns the [K, N] scores into
+    one reward per row: mean, min (worst case), mean_minus_std or mean_minus_var (λ = `lam`).
+
+        {name: reward_model_ensemble, kwargs: {paths: [rm_a, rm_b, rm_c], mode: mean_minus_std, lam: 1.0}}
+    """
+
+    name = "reward_model_ensemble"
+    verifier = False
+
+    def __init__(self, paths: Sequence[str], mode: str = "mean_minus_std", lam: float = 1.0,
+                 normalize: str | None = "fixed", device: str = "cpu", batch_size: int = 64):
+        from grpolab.algo.ensembles import ENSEMBLES
+
+        if isinstance(paths, str) or len(paths) < 2:
+            raise ValueError(f"reward_model_ensemble: paths must list at least two reward model folders, got {paths!r}")
+        if mode not in ENSEMBLES:
+            raise ValueError(f"reward_model_ensemble: mode must be one of {sorted(ENSEMBLES)}, got {mode!r}")
+        if not float(lam) >= 0:
+            raise ValueError(f"reward_model_ensemble: lam must be >= 0, got {lam!r}")
+        self.members = [RewardModelReward(str(p), device=device, batch_size=batch_size, normalize=normalize)
+                        for p in paths]
+        self.combine, self.lam = ENSEMBLES[mode], float(lam)
+
+    def member_scores(self, prompts: Sequence[str], completions: Sequence[str],
+                      metadata: Sequence[dict[str, Any]]) -> torch.Tensor:
+        """[K, N] float64: each member's (normalized) scores."""
+        return torch.tensor([m(prompts, completions, metadata) for m in self.members], dtype=torch.float64)
+
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], metadata: Sequence[dict[str, Any]]
+    ) -> list[float]:
+        if not completions:
+            return []
+        return [float(x) for x in self.combine(self.member_scores(prompts, completions, metadata), self.lam)]

@@ -91,3 +91,30 @@ def test_errors_name_the_path_at_construction(saved, tmp_path):
         RewardModelReward(str(bare), normalize="fixed")
     with pytest.raises(ValueError, match="std > 0"):
         RewardModelReward(str(bare), normalize="fixed", mean=0.0, std=0.0)
+
+
+def test_an_ensemble_combines_its_members_normalized_scores(saved, tmp_path):
+    """Two RMs (another seed for the second): the ensemble's reward is the mode applied to each member's
+    own fixed-normalized scores; fewer than two members or an unknown mode are refused at build time."""
+    from grpolab.rewards.reward_model import RewardModelEnsemble
+
+    _, tok, first = saved
+    model = build_reward_model("builtin:tiny", tok, seed=1, hidden_size=32, num_layers=1, num_heads=4)
+    pairs = refusal_pairs(ArithTask(), random.Random(1), 64)
+    train_reward_model(model, tok, pairs, steps=4, batch_size=16, microbatch_size=16, lr=3e-3)
+    mean, std = score_stats(model, tok, pairs)
+    second = tmp_path / "rm_b"
+    save_reward_model(model, tok, second, info={"score_mean": mean, "score_std": std})
+    members = torch.stack([torch.tensor(RewardModelReward(str(p), normalize="fixed")(PROMPTS, COMPLETIONS, META),
+                                        dtype=torch.float64) for p in (first, second)])
+    assert not torch.allclose(members[0], members[1])
+    fn = build_reward("reward_model_ensemble", paths=[str(first), str(second)], mode="mean_minus_std", lam=0.5)
+    got = torch.tensor(fn(PROMPTS, COMPLETIONS, META), dtype=torch.float64)
+    torch.testing.assert_close(got, members.mean(0) - 0.5 * members.std(0, correction=0))
+    worst = build_reward("reward_model_ensemble", paths=[str(first), str(second)], mode="min")
+    torch.testing.assert_close(torch.tensor(worst(PROMPTS, COMPLETIONS, META), dtype=torch.float64),
+                               members.min(0).values)
+    with pytest.raises(ValueError, match="at least two"):
+        RewardModelEnsemble([str(first)])
+    with pytest.raises(ValueError, match="mode must be one of"):
+        RewardModelEnsemble([str(first), str(second)], mode="median")

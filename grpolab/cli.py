@@ -10,11 +10,9 @@ from pathlib import Path
 
 def _threads(cfg):
     """Applies run.threads (0 = leave torch's default); returns cfg."""
-    if cfg.run.threads > 0:
-        import torch
+    from grpolab.train.setup import apply_threads
 
-        torch.set_num_threads(cfg.run.threads)
-    return cfg
+    return apply_threads(cfg)
 
 
 def _demo(args) -> int:

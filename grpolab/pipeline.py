@@ -239,13 +239,14 @@ def _finished(path: Path) -> bool:
 def _sft_stage(p: Pipeline, book: _Book) -> None:
     from grpolab.cli import sft_from_cfg
     from grpolab.train.rundir import holds_run
+    from grpolab.train.setup import apply_threads
 
     cfg = p.sft.replace(**{"loss.policy_loss": "sft", "run.out_dir": str(p.sft_dir)})
     spec = dump_yaml(cfg)
 
     def run():
         interrupted = holds_run(p.sft_dir) and not _finished(p.sft_dir)  # started again, the old one moved aside
-        _apply_threads(cfg)
+        apply_threads(cfg)
         sft_from_cfg(cfg, overwrite=interrupted)
 
     _run_stage(book, "sft", spec, _finished(p.sft_dir), run)
@@ -304,23 +305,17 @@ def grpo_config(p: Pipeline) -> C.Config:
 
 def _grpo_stage(p: Pipeline, book: _Book) -> C.Config:
     from grpolab.cli import train_from_cfg
+    from grpolab.train.setup import apply_threads
 
     cfg = grpo_config(p)
 
     def run():
-        _apply_threads(cfg)
+        apply_threads(cfg)
         if train_from_cfg(cfg) != 0:  # stopped by a signal: run the pipeline again to resume
             raise PipelineError("the GRPO stage stopped before its last step; run the pipeline again to resume it")
 
     _run_stage(book, "grpo", dump_yaml(cfg), _finished(p.grpo_dir), run)
     return cfg
-
-
-def _apply_threads(cfg: C.Config) -> None:
-    if cfg.run.threads > 0:
-        import torch
-
-        torch.set_num_threads(cfg.run.threads)
 
 
 def _eval_stage(p: Pipeline, book: _Book, cfg: C.Config) -> dict:

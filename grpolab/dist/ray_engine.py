@@ -67,10 +67,9 @@ class RolloutWorker:
     def __init__(self, cfg, index: int):
         from grpolab.forward import LogProbForward
         from grpolab.rollout.engine import build_engine
-        from grpolab.train.setup import load_policy, resolve_compute_dtype
+        from grpolab.train.setup import apply_threads, load_policy, resolve_compute_dtype
 
-        if cfg.run.threads > 0:
-            torch.set_num_threads(cfg.run.threads)
+        apply_threads(cfg)
         device = "cuda" if cfg.rollout.worker_gpus > 0 else "cpu"
         cfg = cfg.replace(**{"model.device": device, "rollout.workers": 0, "rollout.overlap": 0})
         self.index = index

@@ -23,10 +23,9 @@ class RewardWorker:
     """A Ray actor scoring completions with the run's reward functions."""
 
     def __init__(self, cfg):
-        from grpolab.train.setup import build_rewards
+        from grpolab.train.setup import apply_threads, build_rewards
 
-        if cfg.run.threads > 0:
-            torch.set_num_threads(cfg.run.threads)
+        apply_threads(cfg)
         self.rewards = build_rewards(cfg)
 
     def ready(self) -> list[str]:

@@ -51,6 +51,13 @@ def build_rewards(cfg: Config) -> list:
     return rewards
 
 
+def apply_threads(cfg: Config) -> Config:
+    """Applies run.threads to this process's torch (0 = leave torch's default); returns cfg."""
+    if cfg.run.threads > 0:
+        torch.set_num_threads(cfg.run.threads)
+    return cfg
+
+
 def resolve_compute_dtype(name: str, device: str) -> torch.dtype | None:
     """None (plain fp32) or torch.bfloat16 for autocast."""
     if name == "float32":

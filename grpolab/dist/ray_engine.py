@@ -6,14 +6,14 @@ its own (attention, compute dtype, threads), so one worker samples what the in-p
 `RayEngine.generate` spreads whole groups over the workers (contiguous shares of the prompts, at
 most one share per worker) and concatenates their Rollouts in prompt order. Sampling streams:
 worker 0 continues the caller's torch.Generator (its state travels and comes back), so one worker
-draws exactly what the in-process engine draws; worker i > 0 draws from a seed hashed from that
-state and i.
+draws exactly what the in-process engine draws; worker i > 0 (and a GPU worker 0) draws from a
+seed hashed from that state (or from a draw of a GPU generator) and i.
 
 Weight sync (`load_weights`, after each optimizer phase): rank 0 puts the policy's state dict in
 Ray's object store once (CPU tensors) and every worker copies it into its model through its
 engine's own `load_weights` (vLLM: its weight-loading path); the call returns when every worker
-holds the new version. Seconds and bytes of the last sync are kept for the step's metrics
-(`sync/seconds`, `sync/bytes`). Workers take calls in the order they arrive (one thread each), so
+holds the new version; the loop times it (`sync/seconds`) and the bytes sent are kept
+(`sync/bytes`). Workers take calls in the order they arrive (one thread each), so
 a generation submitted before a sync samples from the weights before it: that is how
 rollout.overlap runs one version behind (grpolab/train/overlap.py). Every Rollout carries the
 weight version that sampled it.
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,15 +42,20 @@ def require_ray():
     return require("ray", "ray")
 
 
-def connect(cfg, actors: int) -> None:
-    """Joins the Ray cluster of this process (a trainer actor, or `grpolab train --ray ADDRESS`'s
-    driver), or starts a local one sized for `actors` actors of one CPU each (at least this
-    machine's CPU count: Ray's CPUs here are places for actors, not cores)."""
+def connect(cfg, actors: int, address: str = "") -> None:
+    """Joins the Ray cluster this process already belongs to (a trainer actor), the one at `address`
+    (`grpolab train --ray ADDRESS`), or starts a local one (no dashboard) with room for `actors`
+    actors of run.threads CPUs each (at least this machine's CPU count: Ray's CPUs here are places
+    for actors, not cores)."""
     ray = require_ray()
     if ray.is_initialized():
         return
-    ray.init(num_cpus=max(os.cpu_count() or 1, actors), include_dashboard=False, log_to_driver=True,
-             namespace=f"grpolab-{uuid.uuid4().hex[:8]}", runtime_env=local_runtime_env())
+    namespace = f"grpolab-{uuid.uuid4().hex[:8]}"
+    if address and address != "local":
+        ray.init(address=address, namespace=namespace, log_to_driver=True)
+        return
+    ray.init(num_cpus=max(os.cpu_count() or 1, actors * max(1, cfg.run.threads)), include_dashboard=False,
+             log_to_driver=True, namespace=namespace, runtime_env=local_runtime_env())
 
 
 def local_runtime_env() -> dict:
@@ -64,7 +68,7 @@ def local_runtime_env() -> dict:
 class RolloutWorker:
     """A Ray actor holding one generation engine and its own copy of the policy's weights."""
 
-    def __init__(self, cfg, index: int):
+    def __init__(self, cfg):
         from grpolab.forward import LogProbForward
         from grpolab.rollout.engine import build_engine
         from grpolab.train.setup import apply_threads, load_policy, resolve_compute_dtype
@@ -72,31 +76,28 @@ class RolloutWorker:
         apply_threads(cfg)
         device = "cuda" if cfg.rollout.worker_gpus > 0 else "cpu"
         cfg = cfg.replace(**{"model.device": device, "rollout.workers": 0, "rollout.overlap": 0})
-        self.index = index
         self.model, self.tokenizer = load_policy(cfg)
         dtype = resolve_compute_dtype(cfg.model.dtype, device)
         LogProbForward.from_config(cfg, dtype).prepare(self.model)  # the attention the trainer's policy uses
         self.engine = build_engine(cfg, self.model, self.tokenizer, dtype)
         self.device = device
 
-    def generate(self, prompts: list[str], group_size: int, gen_state: bytes | None, seed: int | None,
+    def generate(self, prompts: list[str], group_size: int, gen_state: bytes | None, seed: int,
                  greedy: bool) -> tuple[Rollout, bytes | None]:
         """The engine's Rollout of `prompts` (CPU tensors), sampled from a generator set to `gen_state`
-        (or seeded with `seed`), and the generator's state after it."""
+        on a CPU worker (else seeded with `seed`), and the generator's state after it (CPU)."""
         gen = torch.Generator(device=self.device)
-        if gen_state is not None and self.device == "cpu":
-            gen.set_state(torch.frombuffer(bytearray(gen_state), dtype=torch.uint8))
+        cpu = self.device == "cpu"
+        if gen_state is not None and cpu:
+            set_state_bytes(gen, gen_state)
         else:
-            gen.manual_seed(seed if seed is not None else _hash_seed(gen_state or b"", self.index))
-        ro = self.engine.generate(prompts, group_size, generator=gen, greedy=greedy)
-        ro = _to_cpu(ro)
-        return ro, bytes(gen.get_state().numpy()) if self.device == "cpu" else None
+            gen.manual_seed(seed)
+        ro = _to_cpu(self.engine.generate(prompts, group_size, generator=gen, greedy=greedy))
+        return ro, state_bytes(gen) if cpu else None
 
-    def load_weights(self, version: int, state: Mapping[str, torch.Tensor]) -> float:
-        """Copies `state` into the engine's model; returns the seconds it took."""
-        t = time.perf_counter()
+    def load_weights(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+        """Copies `state` into the engine's model."""
         self.engine.load_weights(version, state)
-        return time.perf_counter() - t
 
     def weight_version(self) -> int:
         return int(self.engine.weight_version)
@@ -105,6 +106,15 @@ class RolloutWorker:
         """Σ of every weight (float64): a cheap fingerprint of the weights the worker samples from."""
         with torch.no_grad():
             return float(sum(p.double().sum() for p in self.model.state_dict().values()))
+
+
+def state_bytes(gen: torch.Generator) -> bytes:
+    """A CPU generator's state, as bytes to send to an actor."""
+    return bytes(gen.get_state().numpy())
+
+
+def set_state_bytes(gen: torch.Generator, state: bytes) -> None:
+    gen.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
 
 
 def _hash_seed(state: bytes, index: int) -> int:
@@ -145,7 +155,7 @@ class PendingRollout:
 
             outs = require_ray().get(self.refs)
             if self.generator is not None and outs[0][1] is not None:  # worker 0 continued the caller's stream
-                self.generator.set_state(torch.frombuffer(bytearray(outs[0][1]), dtype=torch.uint8))
+                set_state_bytes(self.generator, outs[0][1])
             parts = [ro for ro, _ in outs]
             self._done = parts[0] if len(parts) == 1 else concat_rollouts(parts, self.pad_id)
         return self._done
@@ -154,26 +164,24 @@ class PendingRollout:
 class RayEngine:
     """`Engine` over Ray rollout-worker actors (module docstring)."""
 
-    def __init__(self, workers: list, tokenizer, is_main: bool = True, weight_version: int = 0, owned: bool = True):
+    def __init__(self, workers: list, tokenizer, is_main: bool = True):
         self.workers, self.tokenizer, self.is_main = workers, tokenizer, is_main
-        self.weight_version = weight_version
-        self.owned = owned
-        self.last_sync_seconds = 0.0
+        self.weight_version = 0
         self.last_sync_bytes = 0
 
     def submit(self, prompts: Sequence[str], group_size: int, *, generator: torch.Generator | None = None,
                greedy: bool = False) -> PendingRollout:
         """Starts the generation of G completions per prompt on the workers; returns at once."""
-        from grpolab.train.dynamic_sampling import pad_id
+        from grpolab.rollout.hf import pad_id
 
-        state = bytes(generator.get_state().numpy()) if generator is not None and generator.device.type == "cpu" \
-            else None
-        seed = None if generator is None or state is not None else int(
-            torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+        cpu = generator is not None and generator.device.type == "cpu"
+        state = state_bytes(generator) if cpu else None
+        base = state if cpu else str(int(torch.randint(0, 2**62, (1,), generator=generator,
+                                                         device=generator.device if generator else "cpu"))).encode()
         refs = []
         for i, (a, b) in enumerate(split_groups(len(prompts), len(self.workers))):
-            s_i, seed_i = (state, seed) if i == 0 else (None, _hash_seed(state or str(seed).encode(), i))
-            refs.append(self.workers[i].generate.remote(list(prompts[a:b]), group_size, s_i, seed_i, greedy))
+            refs.append(self.workers[i].generate.remote(list(prompts[a:b]), group_size, state if i == 0 else None,
+                                                        _hash_seed(base, i), greedy))
         return PendingRollout(refs, pad_id(self.tokenizer), generator)
 
     def generate(self, prompts: Sequence[str], group_size: int, *, generator: torch.Generator | None = None,
@@ -190,7 +198,6 @@ class RayEngine:
         """`Engine.load_weights`: rank 0 sends `state` to every worker and waits until all hold it;
         other ranks only read it (an FSDP2 state is gathered collectively) and record the version."""
         ray = require_ray()
-        t = time.perf_counter()
         if self.is_main:
             cpu = {k: state[k].detach().cpu() for k in state}  # put copies them into the object store
             ref = ray.put(cpu)
@@ -199,7 +206,6 @@ class RayEngine:
         elif not isinstance(state, dict):  # gathered as read (FSDP2): every rank reads it, in the same order
             for k in state:
                 state[k]
-        self.last_sync_seconds = time.perf_counter() - t
         self.weight_version = version
 
     def versions(self) -> list[int]:
@@ -208,7 +214,7 @@ class RayEngine:
 
     def close(self) -> None:
         """Ends the workers (rank 0, which created them)."""
-        if self.owned and self.is_main:
+        if self.is_main:
             ray = require_ray()
             for w in self.workers:
                 ray.kill(w)
@@ -237,7 +243,7 @@ def build_ray_engine(cfg, policy, tokenizer, parallel) -> RayEngine:
     names = [f"grpolab-{token}-rollout-{i}" for i in range(r.workers)]
     if parallel.is_main:
         actor = ray.remote(RolloutWorker)
-        workers = [actor.options(name=n, num_cpus=1, num_gpus=r.worker_gpus, **_placement(cfg, i)).remote(cfg, i)
+        workers = [actor.options(name=n, num_cpus=1, num_gpus=r.worker_gpus, **_placement(cfg, i)).remote(cfg)
                    for i, n in enumerate(names)]
     parallel.barrier()
     if not parallel.is_main:

@@ -24,9 +24,8 @@ import os
 import signal
 import socket
 import sys
-import uuid
 
-from grpolab.dist.ray_engine import local_runtime_env, require_ray
+from grpolab.dist.ray_engine import connect, require_ray
 
 
 class TrainerRank:
@@ -76,17 +75,6 @@ def strip_ray(argv: list[str]) -> list[str]:
     return out
 
 
-def _init(ray, cfg, address: str, nproc: int) -> None:
-    r = cfg.rollout
-    namespace = f"grpolab-{uuid.uuid4().hex[:8]}"
-    if address and address != "local":
-        ray.init(address=address, namespace=namespace, log_to_driver=True)
-        return
-    actors = nproc + r.workers + r.reward_workers
-    ray.init(num_cpus=max(os.cpu_count() or 1, actors * max(1, cfg.run.threads)), include_dashboard=False,
-             log_to_driver=True, namespace=namespace, runtime_env=local_runtime_env())
-
-
 def run_on_ray(cfg, argv: list[str], address: str, nproc: int, ready_timeout_s: float = 300.0) -> int:
     """Runs `grpolab ARGV` (a train command, --ray and --nproc removed) as `nproc` trainer-rank
     actors of the cluster; returns the first non-zero exit code of a rank, else 0."""
@@ -94,7 +82,7 @@ def run_on_ray(cfg, argv: list[str], address: str, nproc: int, ready_timeout_s: 
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    _init(ray, cfg, address, nproc)
+    connect(cfg, nproc + cfg.rollout.workers + cfg.rollout.reward_workers, address)
     gpus = cfg.model.device.startswith("cuda")
     cpus = max(1, cfg.run.threads)
     guests = colocated_workers(cfg, nproc)

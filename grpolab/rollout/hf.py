@@ -147,8 +147,7 @@ class HFEngine:
         return int(self.tokenizer.eos_token_id)
 
     def _pad_id(self) -> int:
-        pad = self.tokenizer.pad_token_id
-        return int(pad if pad is not None else self.tokenizer.eos_token_id)
+        return pad_id(self.tokenizer)
 
     def _forward(self, model, cache=None, **kw):
         if cache is not None:  # transformers 5.x renamed past_key_values to cache
@@ -264,6 +263,12 @@ def _assemble(ids, am, comp, samp_lp, finished, group_size, eos_id) -> Rollout:
         group_size=group_size,
         sampler_logp=samp_lp.masked_fill(~loss_mask, 0.0),
     )
+
+
+def pad_id(tokenizer) -> int:
+    """The id the engines pad with: the tokenizer's pad token, else its EOS."""
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return int(pad if pad is not None else tokenizer.eos_token_id)
 
 
 def decode_completions(tokenizer, rollout: Rollout) -> list[str]:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from grpolab.rollout.hf import _assemble, decode_completions
+from grpolab.rollout.hf import _assemble, decode_completions, pad_id
 from grpolab.rollout.types import Rollout
 
 INSTALL_HINT = 'the vllm extra: pip install "grpolab[vllm]" (CUDA only; vLLM brings its own CUDA build of torch)'
@@ -227,7 +227,7 @@ class VLLMEngine:
         tokens, logps, stopped = completions_of(outputs, 1 if greedy else group_size)
         if greedy:
             tokens, logps, stopped = ([x for x in rows for _ in range(group_size)] for rows in (tokens, logps, stopped))
-        ro = assemble_rollout(prompt_ids, tokens, logps, stopped, group_size, self._eos_id(), self._pad_id(),
+        ro = assemble_rollout(prompt_ids, tokens, logps, stopped, group_size, self._eos_id(), pad_id(self.tokenizer),
                               self.device)
         return ro.replace(weight_version=self.weight_version)
 
@@ -310,6 +310,3 @@ class VLLMEngine:
     def _eos_id(self) -> int:
         return int(self.tokenizer.eos_token_id)
 
-    def _pad_id(self) -> int:
-        pad = self.tokenizer.pad_token_id
-        return int(pad if pad is not None else self.tokenizer.eos_token_id)

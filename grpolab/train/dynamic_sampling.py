@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from grpolab.algo.advantages import zero_std_groups
+from grpolab.rollout.hf import pad_id
 from grpolab.rollout.types import Rollout
 from grpolab.train.stats import StepStats, score_rollout
 
@@ -180,9 +181,3 @@ def concat_rollouts(parts: list[Rollout], pad: int) -> Rollout:
         rewards=cat("rewards"), advantages=cat("advantages"),
         weight_version=min(p.weight_version for p in parts),
     )
-
-
-def pad_id(tokenizer) -> int:
-    """The id the engine pads with: the tokenizer's pad token, else its EOS."""
-    pad = getattr(tokenizer, "pad_token_id", None)
-    return int(pad if pad is not None else tokenizer.eos_token_id)

@@ -18,7 +18,7 @@ def _threads(cfg):
 def _demo(args) -> int:
     from grpolab.demo import demo_config, run_demo
 
-    cfg = _threads(demo_config(quick=args.quick, seed=args.seed, overrides=args.overrides))
+    cfg = _threads(demo_config(quick=args.quick, seed=args.seed, overrides=args.overrides, rewards=args.rewards))
     if args.out:
         cfg = cfg.replace(**{"run.out_dir": args.out})
     run_demo(cfg, report=not args.no_report, rewards=args.rewards, overwrite=args.overwrite)

@@ -132,7 +132,7 @@ def train(args) -> int:
             "heldout_accuracy": result.heldout_accuracy, "heldout_margin": result.heldout_margin,
             "train_pairs": len(train), "heldout_pairs": len(heldout),
             "lm_coef": args.lm_coef, "divergence_coef": args.divergence_coef}
-    out = save_reward_model(model, tokenizer, args.out, info=info)
+    out = save_reward_model(model, tokenizer, args.out, info=info, pairs=train)
     mark_finished(Path(args.out))
     if result.heldout_accuracy is None:
         print("held-out pairwise accuracy: n/a (no held-out pairs)")

@@ -487,6 +487,25 @@ def _check_workers(cfg) -> None:
         raise _err(f"loss.tis_cap={cfg.loss.tis_cap} must be ≥ 0 (0 = off; e.g. 2)")
 
 
+def _check_rm_refresh(cfg) -> None:
+    rc = cfg.rm_refresh
+    if rc.every_steps < 0:
+        raise _err(f"rm_refresh.every_steps={rc.every_steps} must be ≥ 0 (0 = off)")
+    if not rc.every_steps:
+        return
+    if not rc.labeler:
+        raise _err("rm_refresh.every_steps > 0 labels pairs of the policy's completions: name the preference "
+                   "source in rm_refresh.labeler (a reward name or module:attr, e.g. exact_match)")
+    for name in ("labels_per_refresh", "train_steps", "batch_size"):
+        if getattr(rc, name) < 1:
+            raise _err(f"rm_refresh.{name}={getattr(rc, name)} must be ≥ 1")
+    if not rc.lr > 0 or not 0 <= rc.replay_share < 1:
+        raise _err(f"rm_refresh.lr={rc.lr} must be > 0 and rm_refresh.replay_share={rc.replay_share} in [0, 1)")
+    if cfg.rollout.reward_workers or cfg.rollout.overlap:
+        raise _err("rm_refresh trains the reward models in the trainer process while they score; it does not run "
+                   "with rollout.reward_workers or rollout.overlap: turn those off")
+
+
 def _check_value_head(cfg) -> None:
     """loss.advantage=gae (PPO's value head): its options, and what it runs with."""
     from grpolab.algo.advantages import VALUE_BASED
@@ -523,4 +542,5 @@ def validate_config(cfg) -> None:
     _check_dynamic_sampling(cfg)
     _check_value_head(cfg)
     _check_workers(cfg)
+    _check_rm_refresh(cfg)
     _check_outputs(cfg)

@@ -34,10 +34,21 @@ DEMO_OVERRIDES = [
     "rewards=[exact_match:1.0, refusal:1.0]",
 ]
 QUICK_OVERRIDES = ["train.steps=120"]
+RM_OVERRIDES = [
+    "rm_refresh.every_steps=10", "rm_refresh.rewards=[accuracy_rm]", "rm_refresh.labeler=exact_match",
+    "rm_refresh.labels_per_refresh=128", "rm_refresh.train_steps=10", "rm_refresh.batch_size=64",
+    "rm_refresh.lr=3e-4", "rm_refresh.replay_share=0.5",
+]
+"""With --rewards rm: the accuracy RM refreshed every 10 steps on 128 pairs of the policy's own
+completions judged by the answer check (rm_refresh.every_steps=0 turns it off)."""
+GOLD = [{"name": "exact_match", "weight": 0.0}, {"name": "refusal", "weight": 0.0}]
+"""With --rewards rm: the rule checks, logged beside the RMs as the gold reward (weight 0: never trained on)."""
 
 
-def demo_config(quick: bool = False, seed: int = 0, overrides: list[str] | None = None) -> C.Config:
-    ov = DEMO_OVERRIDES + (QUICK_OVERRIDES if quick else []) + [f"train.seed={seed}"] + list(overrides or [])
+def demo_config(quick: bool = False, seed: int = 0, overrides: list[str] | None = None,
+                rewards: str = "rules") -> C.Config:
+    ov = (DEMO_OVERRIDES + (RM_OVERRIDES if rewards == "rm" else []) + (QUICK_OVERRIDES if quick else [])
+          + [f"train.seed={seed}"] + list(overrides or []))
     return C.from_preset("grpo_no_kl", ov)
 
 
@@ -58,27 +69,52 @@ def build_pi0(cfg: C.Config, run_dir: Path):
     return model, tok, task
 
 
-def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, policy=None, w_acc: float = 1.0, w_ref: float = 1.0):
+def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, policy=None, w_acc: float = 1.0, w_ref: float = 1.0,
+                       rm_options: dict | None = None):
     """Trains the accuracy and refusal reward models (seed 000) and puts them in the config as the
     GRPO rewards: reward = w_acc·RM_acc + w_ref·RM_ref, each score z-normalised with the mean/std of
-    the RM's scores on its own training pairs. policy (π0): half of the accuracy RM's training pairs
-    reject its own sampled mistakes. Returns (config, {name: held-out pairwise accuracy})."""
+    the RM's scores on its own training pairs; the rule checks follow at weight 0 (GOLD). policy (π0):
+    half of the accuracy RM's training pairs reject its own sampled mistakes. rm_options: keyword
+    arguments of build_demo_reward_models (e.g. steps). Returns (config, {name: held-out pairwise accuracy})."""
     from grpolab.train.reward_model_demo import build_demo_reward_models
 
     _say("[demo] training the accuracy and refusal reward models (pairwise log-sigmoid)")
-    rms = build_demo_reward_models(task, tok, run_dir / "reward_models", seed=cfg.train.seed, policy=policy)
-    for name, info in rms.items():
-        _say(f"[rm] {name}: held-out pairwise accuracy {info['heldout_accuracy']:.3f}")
+    rms = build_demo_reward_models(task, tok, run_dir / "reward_models", seed=cfg.train.seed, policy=policy,
+                                   progress=_say, **(rm_options or {}))
     weights = {"accuracy_rm": w_acc, "refusal_rm": w_ref}
     specs = [{"name": "reward_model", "label": name, "weight": weights[name],
               "kwargs": {"path": str(info["path"]), "normalize": "fixed"}} for name, info in rms.items()]
-    return cfg.replace(rewards=specs), {name: info["heldout_accuracy"] for name, info in rms.items()}
+    return cfg.replace(rewards=specs + GOLD), {name: info["heldout_accuracy"] for name, info in rms.items()}
+
+
+def rm_policy_accuracy(setup, policy, tok, items, cfg) -> dict[str, float]:
+    """Each trained-on RM's pair accuracy on the policy's own samples of the held-out prompts, against
+    its gold (accuracy RM: the answer check; refusal RM: the refusal check), the RMs as they are now."""
+    from grpolab.rewards.rules import ExactMatch, Refusal
+    from grpolab.train.rm_eval import policy_pair_accuracy
+
+    rms = {fn.name: fn for fn, w in setup.rewards if w and fn.name in ("accuracy_rm", "refusal_rm")}
+    gold = {"accuracy_rm": ExactMatch(), "refusal_rm": Refusal()}
+    return policy_pair_accuracy(rms, gold, policy, tok, items, group_size=cfg.rollout.group_size,
+                                max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.train.seed)
+
+
+def refreshed_heldout(setup, task, seed: int) -> dict[str, float]:
+    """Held-out pair accuracy of the RMs rm_refresh trained on (the same held-out pairs as before)."""
+    from grpolab.train.reward_model import evaluate_pairs
+    from grpolab.train.reward_model_demo import heldout_pairs
+
+    if setup.rm_refresh is None:
+        return {}
+    return {name: evaluate_pairs(rm.model, rm.tokenizer, heldout_pairs(task, name, seed))[0]
+            for name, rm in setup.rm_refresh.targets.items()}
 
 
 def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True, rewards: str = "rules",
-             overwrite: bool = False) -> dict:
+             overwrite: bool = False, rm_options: dict | None = None) -> dict:
     """Runs the whole demo; returns the eval.json payload. rewards: rules (exact match + refusal
-    checks) or rm (two learned reward models); evaluation always uses the exact rule checks."""
+    checks) or rm (two learned reward models, trained first with `rm_options`, the rule checks
+    logged beside them as the gold); evaluation always uses the exact rule checks."""
     eval_items = arith_eval_items(cfg)  # fails here, before any training, if the held-out side is too small
     torch.manual_seed(cfg.train.seed)
     run_dir = run_dir or make_run_dir(cfg, "demo", command="demo", overwrite=overwrite)
@@ -87,7 +123,7 @@ def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True, re
     model, tok, task = build_pi0(cfg, run_dir)
     rm_acc = {}
     if rewards == "rm":
-        cfg, rm_acc = with_reward_models(cfg, task, tok, run_dir, policy=model)
+        cfg, rm_acc = with_reward_models(cfg, task, tok, run_dir, policy=model, rm_options=rm_options)
         write_config(cfg, run_dir)
     pi0_eval = evaluate_policy(model, tok, cfg, items=eval_items)  # what `grpolab eval` reports
     before = pi0_eval["arith"]
@@ -95,6 +131,7 @@ def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True, re
          f"false_refusal {before['false_refusal']:.3f}")
     progress = Progress(cfg.train.steps, enabled=cfg.run.progress)
     setup = build_setup(cfg, policy=model, tokenizer=tok, progress=progress)
+    rm_on_policy = {"pi0": rm_policy_accuracy(setup, model, tok, eval_items, cfg)} if rm_acc else {}
     code = train_in_run_dir(setup, run_dir)  # metrics, samples, checkpoints, final/
     if code != 0:
         raise SystemExit(code)
@@ -103,11 +140,16 @@ def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True, re
     payload = {
         "before": before, "after": after,
         "by_rewards": {"pi0": pi0_eval["greedy"], "final": final_eval["greedy"]},  # the training rewards, greedy
-        "rewards": [{"name": s.display_name, "weight": s.weight} for s in cfg.rewards],
+        "rewards": [{"name": s.display_name, "weight": s.weight} for s in cfg.rewards if s.weight],
+        "gold": [s.display_name for s in cfg.rewards if not s.weight],  # logged beside, never trained on
         "reward_models": rm_acc,
         "eval_prompts": len(eval_items), "seed": cfg.train.seed,
         "wall_s": time.perf_counter() - t0,
     }
+    if rm_acc:
+        rm_on_policy["final"] = rm_policy_accuracy(setup, model, tok, eval_items, cfg)
+        payload.update(rm_pair_accuracy_on_policy=rm_on_policy,
+                       reward_models_after=refreshed_heldout(setup, task, cfg.train.seed))
     write_eval(run_dir, payload)
     mark_finished(run_dir)
     print(format_table(before, after))

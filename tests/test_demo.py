@@ -44,3 +44,32 @@ def test_demo_quick_gains_and_writes_the_run_directory(tmp_path, capsys):
     assert ev["rewards"] == [{"name": s.display_name, "weight": s.weight} for s in cfg.rewards]
     out = capsys.readouterr().out
     assert "held-out metric" in out and "report:" in out
+
+
+def test_demo_with_reward_models_logs_the_gold_and_refreshes_the_accuracy_rm(tmp_path):
+    """--rewards rm wiring on a shrunk run: the two RMs train on, the rule checks are logged at weight 0,
+    the accuracy RM is refreshed within its budget, eval.json has the RMs' accuracy on policy samples."""
+    small = {"hidden_size": 32, "num_layers": 1, "num_heads": 2}
+    cfg = demo_config(quick=True, seed=0, rewards="rm", overrides=[
+        "run.progress=false", "train.steps=4", "sft.steps=20", "sft.stop_at_accuracy=0", "data.eval_prompts=32",
+        "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "rollout.prompts_per_step=8",
+        "train.minibatch_size=64", "train.microbatch_size=64",
+        "rm_refresh.every_steps=2", "rm_refresh.labels_per_refresh=6", "rm_refresh.train_steps=2"])
+    rm_options = {"steps": 2, "batch_size": 4, "heldout_pairs": 20, "sft": {"steps": 2, "size": small}}
+    payload = run_demo(cfg, run_dir=tmp_path, report=True, rewards="rm", rm_options=rm_options)
+    assert [r["name"] for r in payload["rewards"]] == ["accuracy_rm", "refusal_rm"]
+    assert payload["gold"] == ["exact_match", "refusal"]
+    assert set(payload["reward_models"]) == {"accuracy_rm", "refusal_rm"}
+    assert set(payload["reward_models_after"]) == {"accuracy_rm"}  # the refreshed one
+    for when in ("pi0", "final"):
+        assert set(payload["rm_pair_accuracy_on_policy"][when]) == {"accuracy_rm", "refusal_rm"}
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert all("reward/exact_match/mean" in r and "pair_acc/accuracy_rm" in r for r in rows)
+    assert "pair_acc/exact_match" not in rows[0]  # the gold is no proxy
+    refreshes = [r for r in rows if "rm_refresh/labels" in r]
+    assert [r["step"] for r in refreshes] == [1, 3]
+    assert all(r["rm_refresh/labels"] <= 6 for r in refreshes)
+    assert rows[-1]["rm_refresh/labels_total"] == sum(r["rm_refresh/labels"] for r in refreshes)
+    assert (tmp_path / "reward_models_refreshed" / "accuracy_rm" / "grpolab_rm.json").is_file()
+    # the proxy-vs-gold plot: each trained-on RM's mean beside the verifier's accuracy
+    assert 'alt="reward/accuracy_rm/mean, reward/refusal_rm/mean, accuracy"' in (tmp_path / "report.html").read_text()

@@ -107,7 +107,9 @@ def plot_sections(reward_names: Sequence[str], proxy_names: Sequence[str] = ()) 
     series (proxies of a verifier, e.g. learned reward models: how well they rank the policy's samples)."""
     per_fn = [PlotSpec(f"reward: {n}", (_s(f"reward/{n}/mean", "mean ± std", std=True),),
                        "reward") for n in reward_names]
-    if proxy_names:
+    if proxy_names:  # over-optimization (Gao et al. 2022): the proxy climbing while the gold does not
+        per_fn.append(PlotSpec("proxy vs gold reward", tuple(_s(f"reward/{n}/mean", f"proxy: {n}") for n in proxy_names)
+                               + (_s("accuracy", "gold: verifier accuracy"),), "reward"))
         per_fn.append(PlotSpec("proxy rewards vs the verifier: pair accuracy on the policy's samples",
                                tuple(_s(f"pair_acc/{n}", n) for n in proxy_names), "fraction"))
     return [

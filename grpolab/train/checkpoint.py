@@ -244,6 +244,8 @@ def write_state(setup, d: Path, step: int, reference_from: Path | None = None) -
             _write_reference(ref, d / "reference.safetensors", reference_from)
         torch.save(setup.optimizer.state_dict(), d / "optimizer.pt")
     torch.save(setup.scheduler.state_dict(), d / "scheduler.pt")
+    if getattr(setup, "rm_refresh", None) is not None:
+        setup.rm_refresh.save(d)
     torch.save(rng_state(), d / "rng.pt")
     _write_json(d / "data.json", setup.prompt_state())
     _write_json(d / "state.json", {"step": step, "consecutive_skips": setup.consecutive_skips})
@@ -381,6 +383,8 @@ def load_checkpoint(setup, path: str | os.PathLike, verify: bool = True) -> int:
         state = json.loads((path / "state.json").read_text())
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"checkpoint {path}: data.json or state.json cannot be used ({e})") from None
+    if getattr(setup, "rm_refresh", None) is not None:
+        setup.rm_refresh.load(path)
     setup.start_step = int(state["step"])
     setup.consecutive_skips = int(state.get("consecutive_skips", 0))
     setup.engine.load_weights(setup.start_step, setup.parallel.full_state(setup.policy))  # an engine's own copy

@@ -59,6 +59,8 @@ def train(s: Setup) -> list[dict]:
         row = st.reduce(s.parallel).finish(record, s)
         if s.critic is not None:
             row.update(s.critic.step_metrics(ro))  # value loss, clipped share, explained variance
+        if s.rm_refresh is not None:  # every K steps: pairs of recent rollouts labelled, the RMs trained on them
+            row.update(s.rm_refresh.after_step(step, record))
         s.after_step(step, row, record)
         rows.append(row)
         if s.should_stop():

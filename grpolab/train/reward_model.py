@@ -33,7 +33,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -333,28 +333,44 @@ def train_reward_model(
     if steps is None:
         steps = math.ceil(epochs * len(pairs) / batch_size)
     t0 = time.perf_counter()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = adamw(params, lr=lr)
     warmup = max(1, steps // 10) if warmup_steps is None else warmup_steps
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda("cosine", warmup, steps))
     batches = _batches(pairs, batch_size, random.Random(seed))
-    losses = []
-    model.train()
-    for step in range(steps):
-        opt.zero_grad(set_to_none=True)
-        loss = accumulate_pair_gradients(model, tokenizer, next(batches), microbatch_size=microbatch_size,
-                                         lm_coef=lm_coef, divergence_coef=divergence_coef)
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        opt.step()
-        sched.step()
-        losses.append(loss)
-        if on_step is not None:
-            on_step(step, loss)
-    model.eval()
+    losses = train_reward_pairs(model, tokenizer, (next(batches) for _ in range(steps)), lr=lr,
+                                schedule=lr_lambda("cosine", warmup, steps), microbatch_size=microbatch_size,
+                                max_grad_norm=max_grad_norm, on_step=on_step, lm_coef=lm_coef,
+                                divergence_coef=divergence_coef)
     acc = margin = None
     if eval_pairs:
         acc, margin = evaluate_pairs(model, tokenizer, eval_pairs)
     return RMResult(losses, acc, margin, time.perf_counter() - t0)
+
+
+def train_reward_pairs(
+    model, tokenizer, batches: Iterable[Sequence[PrefPair]], *, lr: float, schedule: Callable[[int], float] | None = None,
+    microbatch_size: int | None = None, max_grad_norm: float = 1.0, on_step: Callable[[int, float], None] | None = None,
+    lm_coef: float = 0.0, divergence_coef: float = 0.0,
+) -> list[float]:
+    """One AdamW step (no weight decay, gradient clipped to max_grad_norm) per batch of pairs, the
+    learning rate lr × schedule(step) (constant without one); the model is left in eval mode.
+    microbatch_size: pairs per forward (None = the whole batch). Returns each step's loss."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = adamw(params, lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule) if schedule is not None else None
+    losses = []
+    model.train()
+    for step, batch in enumerate(batches):
+        opt.zero_grad(set_to_none=True)
+        loss = accumulate_pair_gradients(model, tokenizer, batch, microbatch_size=microbatch_size or len(batch),
+                                         lm_coef=lm_coef, divergence_coef=divergence_coef)
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        opt.step()
+        if sched is not None:
+            sched.step()
+        losses.append(loss)
+        if on_step is not None:
+            on_step(step, loss)
+    model.eval()
+    return losses
 
 
 def pair_margins(model, tokenizer, pairs: Sequence[PrefPair], *, batch_size: int = 128) -> torch.Tensor:
@@ -385,9 +401,12 @@ def score_stats(model, tokenizer, pairs: Sequence[PrefPair], *, max_pairs: int =
 # --------------------------------------------------------------------------- saving and loading
 
 
-def save_reward_model(model, tokenizer, out_dir: str | Path, *, info: dict[str, Any] | None = None) -> Path:
+def save_reward_model(model, tokenizer, out_dir: str | Path, *, info: dict[str, Any] | None = None,
+                      pairs: Sequence[PrefPair] | None = None) -> Path:
     """Writes an HF folder (config.json, model.safetensors, tokenizer files) plus RM_INFO_FILE
-    (`append_eos` and `info`, e.g. score_mean/score_std). Written to a temporary folder, then
+    (`append_eos` and `info`, e.g. score_mean/score_std, lm_coef, divergence_coef) and, given
+    `pairs`, the training pairs (train_pairs.jsonl: what rm_refresh replays to continue training
+    without forgetting). Written to a temporary folder, then
     renamed; an existing `out_dir` is replaced only if it is empty, a reward-model folder, or holds
     only the run.json of the command that claimed it (kept)."""
     from grpolab.train.rundir import RUN_FILE
@@ -404,6 +423,10 @@ def save_reward_model(model, tokenizer, out_dir: str | Path, *, info: dict[str, 
         tokenizer.save_pretrained(tmp)
         meta = {"append_eos": default_append_eos(tokenizer), **(info or {})}
         (tmp / RM_INFO_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        if pairs:
+            from grpolab.train.rm_refresh import write_train_pairs
+
+            write_train_pairs(tmp, pairs)
         if (out / RUN_FILE).is_file():
             shutil.copy2(out / RUN_FILE, tmp / RUN_FILE)
         if out.exists():

@@ -181,7 +181,7 @@ def build_demo_reward_models(
             progress(f"[rm] SFT backbone trained on the task's training side ({time.perf_counter() - t0:.0f} s)")
     for offset, key in enumerate(("accuracy_rm", "refusal_rm")):
         out[key] = _train_one(task, tokenizer, out_dir, key, init, plan[key], seed=seed, offset=offset,
-                              heldout_pairs=heldout_pairs, num_threads=num_threads, backbone=backbone,
+                              heldout_n=heldout_pairs, num_threads=num_threads, backbone=backbone,
                               policy=policy)
         out[key]["seconds"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -210,8 +210,16 @@ def _training_pairs(task, tokenizer, key: str, make: Callable, recipe: dict[str,
     return train
 
 
+def heldout_pairs(task, key: str, seed: int, n: int = 1000) -> list:
+    """The held-out pairs (task's EVAL side) the demo RM `key` (accuracy_rm / refusal_rm) is measured on."""
+    from grpolab.data.preferences import accuracy_pairs, refusal_pairs
+
+    make = accuracy_pairs if key == "accuracy_rm" else refusal_pairs
+    return make(task, random.Random(f"{seed}:{key}:heldout"), n, split="eval")
+
+
 def _train_one(task, tokenizer, out_dir, key: str, init: Any, recipe: dict[str, Any], *, seed: int,
-               offset: int, heldout_pairs: int, num_threads: int | None, backbone: str,
+               offset: int, heldout_n: int, num_threads: int | None, backbone: str,
                policy: Any = None) -> dict[str, Any]:
     """Trains, evaluates and saves one demo RM; returns its result dict (without "seconds")."""
     from grpolab.data.preferences import accuracy_pairs, builtin_pair_kind, refusal_pairs
@@ -219,7 +227,7 @@ def _train_one(task, tokenizer, out_dir, key: str, init: Any, recipe: dict[str, 
     make = accuracy_pairs if key == "accuracy_rm" else refusal_pairs
     rng = random.Random(f"{seed}:{key}")
     steps, batch_size = recipe["steps"], recipe["batch_size"]
-    heldout = make(task, random.Random(f"{seed}:{key}:heldout"), heldout_pairs, split="eval")
+    heldout = heldout_pairs(task, key, seed, heldout_n)
     share = recipe.get("policy_share", 0.0) if policy is not None else 0.0
     train = _training_pairs(task, tokenizer, key, make, recipe, rng, share, seed=seed, policy=policy,
                             num_threads=num_threads)
@@ -242,5 +250,5 @@ def _train_one(task, tokenizer, out_dir, key: str, init: Any, recipe: dict[str, 
             "train_pairs": len(train), "heldout_pairs": len(heldout), "steps": steps,
             "lm_coef": recipe.get("lm_coef", 0.0), "divergence_coef": recipe.get("divergence_coef", 0.0),
             "policy_share": share}
-    path = save_reward_model(model, tokenizer, Path(out_dir) / f"rm_{name}", info=info)
+    path = save_reward_model(model, tokenizer, Path(out_dir) / f"rm_{name}", info=info, pairs=train)
     return {"path": str(path), "heldout_accuracy": acc, "margin": margin, "by_kind": by_kind}

@@ -152,6 +152,7 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
     from grpolab.train import checkpoint as ck
     from grpolab.train import grpo
     from grpolab.train.checkpoint_hook import CheckpointHook
+    from grpolab.train.rm_refresh import LABELS_FILE
     from grpolab.train.setup import TrainingStopped
     from grpolab.train.signals import StopSignal
 
@@ -165,8 +166,10 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
         if par.is_main:
             print(f"grpolab: resuming after step {setup.start_step} from {resume_from}", file=sys.stderr)
     if par.is_main:
-        for name in ("metrics.jsonl", "samples.jsonl", WARNINGS_FILE):
+        for name in ("metrics.jsonl", "samples.jsonl", WARNINGS_FILE, LABELS_FILE):
             ck.truncate_jsonl(run_dir / name, setup.start_step)
+        if setup.rm_refresh is not None:  # rank 0 appends the labelled pairs to rm_labels.jsonl
+            setup.rm_refresh.run_dir = run_dir
     par.barrier()
     outputs = attach_outputs(setup, run_dir)
     hook = CheckpointHook(setup, run_dir, loaded_from=resume_from)
@@ -203,6 +206,8 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
                   f"steps; checkpoint {hook.last}. Continue with the same command plus --resume.", file=sys.stderr)
         return 128 + signum
     save_final(setup, run_dir / "final")
+    if par.is_main and setup.rm_refresh is not None:  # the refreshed reward models, as RM folders
+        setup.rm_refresh.export(run_dir / "reward_models_refreshed")
     if par.is_main:
         from grpolab.train.rundir import mark_finished
 

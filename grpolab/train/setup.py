@@ -26,6 +26,7 @@ from grpolab.memory import keep_freed_memory
 from grpolab.models.loading import frozen_copy
 from grpolab.rollout.engine import Engine, build_engine
 from grpolab.train.critic import Critic
+from grpolab.train.rm_refresh import build_rm_refresh
 from grpolab.train.overlap import Prefetcher
 from grpolab.train.objective import Objective, SkipEmptyRows, build_loss
 
@@ -192,6 +193,8 @@ class Setup:
     """Ray reward workers that score the rollouts (rollout.reward_workers); None = score here."""
     prefetch: Any = None
     """rollout.overlap: the next step's batch in flight (train.overlap.Prefetcher); None otherwise."""
+    rm_refresh: Any = None
+    """rm_refresh.every_steps > 0: the iterated reward-model updates (train.rm_refresh.RMRefresh)."""
 
     def __post_init__(self) -> None:
         if self.train_model is None:
@@ -348,5 +351,5 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
         on_reward_error=cfg.train.on_reward_error,
         peak_flops=cfg.run.peak_tflops * 1e12,
         n_params=sum(p.numel() for p in policy.parameters()),
-        train_model=train_model, parallel=parallel,
+        train_model=train_model, parallel=parallel, rm_refresh=build_rm_refresh(cfg, rewards),
     )

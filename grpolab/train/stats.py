@@ -86,15 +86,15 @@ def correct_rows(scores: dict[str, torch.Tensor], verifiers: Sequence[str]) -> t
 
 def pair_accuracy(scores: torch.Tensor, correct: torch.Tensor, group_size: int) -> float:
     """How often a reward ranks a correct completion above a wrong one of the same prompt: over every
-    (correct, wrong) pair within a group, the share where the correct one scores higher (ties 1/2).
-    The pair accuracy of a proxy reward on the policy's own samples, against the gold `correct`
-    (Gao et al. 2022 read over-optimization from it). scores, correct: [N] (NaN = not scored /
-    abstained; such rows are left out). NaN when no group has both a correct and a wrong row."""
-    sc, ok = scores.view(-1, group_size).float(), correct.view(-1, group_size)
+    pair (i, j) within a group where the gold prefers i (correct_i > correct_j: with 1.0 / 0.0, a
+    correct and a wrong one), the share where i scores higher (ties 1/2). The pair accuracy of a
+    proxy reward on the policy's own samples, against the gold `correct` (Gao et al. 2022 read
+    over-optimization from it). scores, correct: [N] (NaN = not scored / abstained; such rows are
+    left out). NaN when no group has a pair the gold tells apart."""
+    sc, ok = scores.view(-1, group_size).float(), correct.view(-1, group_size).float()
     valid = ~torch.isnan(sc) & ~torch.isnan(ok)
-    right = valid & (ok == 1.0)
-    wrong = valid & (ok == 0.0)
-    pairs = right.unsqueeze(2) & wrong.unsqueeze(1)  # [P, G, G]: (i correct, j wrong)
+    both = valid.unsqueeze(2) & valid.unsqueeze(1)
+    pairs = both & (ok.unsqueeze(2) > ok.unsqueeze(1))  # [P, G, G]: (i preferred, j not)
     diff = sc.unsqueeze(2) - sc.unsqueeze(1)
     wins = torch.where(diff > 0, 1.0, torch.where(diff == 0, 0.5, 0.0))
     n = pairs.sum()

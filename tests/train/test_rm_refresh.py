@@ -180,4 +180,4 @@ def test_the_gold_reward_at_weight_0_never_reaches_the_loss():
     for k in w_a:
         torch.testing.assert_close(w_a[k], w_b[k], rtol=0, atol=0)
     assert [r["loss"] for r in rows_a] == [r["loss"] for r in rows_b]
-    assert rows_a[0][f"reward/t_gold_False/mean"] + rows_b[0][f"reward/t_gold_True/mean"] == pytest.approx(1.0)
+    assert rows_a[0]["reward/t_gold_False/mean"] + rows_b[0]["reward/t_gold_True/mean"] == pytest.approx(1.0)

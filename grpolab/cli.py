@@ -18,10 +18,12 @@ def _threads(cfg):
 def _demo(args) -> int:
     from grpolab.demo import demo_config, run_demo
 
-    cfg = _threads(demo_config(quick=args.quick, seed=args.seed, overrides=args.overrides, rewards=args.rewards))
+    cfg = _threads(demo_config(quick=args.quick, seed=args.seed, overrides=args.overrides, rewards=args.rewards,
+                               accuracy_rm=args.accuracy_rm))
     if args.out:
         cfg = cfg.replace(**{"run.out_dir": args.out})
-    run_demo(cfg, report=not args.no_report, rewards=args.rewards, overwrite=args.overwrite)
+    run_demo(cfg, report=not args.no_report, rewards=args.rewards, overwrite=args.overwrite,
+             rm_options={"accuracy": args.accuracy_rm} if args.rewards == "rm" else None)
     return 0
 
 
@@ -311,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-report", action="store_true", help="skip report.html")
     d.add_argument("--rewards", choices=("rm", "rules"), default="rules",
                    help="GRPO rewards: two learned reward models (seed 000) or the exact rule checks")
+    d.add_argument("--accuracy-rm", choices=("outcome", "process", "ensemble"), default="outcome",
+                   help="with --rewards rm: the accuracy RM scores the whole answer (outcome), each answer token "
+                        "(process: the weakest counts), or is 3 outcome RMs (ensemble: the lowest counts)")
     d.add_argument("overrides", nargs="*", help="config overrides, e.g. train.steps=50")
     d.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     d.set_defaults(fn=_demo)

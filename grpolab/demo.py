@@ -46,8 +46,11 @@ GOLD = [{"name": "exact_match", "weight": 0.0}, {"name": "refusal", "weight": 0.
 
 
 def demo_config(quick: bool = False, seed: int = 0, overrides: list[str] | None = None,
-                rewards: str = "rules") -> C.Config:
-    ov = (DEMO_OVERRIDES + (RM_OVERRIDES if rewards == "rm" else []) + (QUICK_OVERRIDES if quick else [])
+                rewards: str = "rules", accuracy_rm: str = "outcome") -> C.Config:
+    """The demo's config; rewards="rm" adds RM_OVERRIDES unless the accuracy RM is a process RM
+    (whose labels are per step: rm_refresh trains pairwise RMs)."""
+    refresh = rewards == "rm" and accuracy_rm != "process"
+    ov = (DEMO_OVERRIDES + (RM_OVERRIDES if refresh else []) + (QUICK_OVERRIDES if quick else [])
           + [f"train.seed={seed}"] + list(overrides or []))
     return C.from_preset("grpo_no_kl", ov)
 
@@ -84,6 +87,9 @@ def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, policy=None, w_a
     weights = {"accuracy_rm": w_acc, "refusal_rm": w_ref}
     specs = [{"name": "reward_model", "label": name, "weight": weights[name],
               "kwargs": {"path": str(info["path"]), "normalize": "fixed"}} for name, info in rms.items()]
+    if "paths" in rms["accuracy_rm"]:  # an ensemble: the worst member counts (Coste et al. 2023's WCO)
+        specs[0] = {"name": "reward_model_ensemble", "label": "accuracy_rm", "weight": w_acc,
+                    "kwargs": {"paths": rms["accuracy_rm"]["paths"], "mode": "min"}}
     return cfg.replace(rewards=specs + GOLD), {name: info["heldout_accuracy"] for name, info in rms.items()}
 
 

@@ -3,7 +3,9 @@
     rewards=[reward_model:1.0]  with kwargs {"path": "runs/x/rm_accuracy"}
 
 The RM folder is written by `grpolab rm` / grpolab.train.reward_model.save_reward_model (any HF
-`*ForSequenceClassification` folder with one output works too). It is loaded once, when the
+`*ForSequenceClassification` folder with one output works too). A process RM's folder
+(grpolab/train/process_rm.py, `"kind": "process"` in grpolab_rm.json) scores each completion by
+its weakest step. It is loaded once, when the
 reward is built, so a wrong path stops the run before training starts.
 
 Scores are raw RM outputs unless `normalize` says otherwise:
@@ -68,7 +70,13 @@ class RewardModelReward:
         return float(mean), float(std)
 
     def scores(self, prompts: Sequence[str], completions: Sequence[str]) -> torch.Tensor:
-        """Raw RM scores [N] float32 (CPU), in batches of `batch_size`, without grad."""
+        """Raw RM scores [N] float32 (CPU), in batches of `batch_size`, without grad; a process RM
+        (grpolab_rm.json kind "process") gives each completion's weakest step score."""
+        if self.info.get("kind") == "process":
+            from grpolab.train.process_rm import score_process
+
+            return score_process(self.model, self.tokenizer, prompts, completions, append_eos=self.append_eos,
+                                 batch_size=self.batch_size)
         return score_texts(self.model, self.tokenizer, prompts, completions,
                            append_eos=self.append_eos, batch_size=self.batch_size)
 

@@ -47,6 +47,8 @@ DEMO_RM_RECIPES = {
         "accuracy_rm": {"steps": 400, "batch_size": 256, "lr": 2e-3, "lm_coef": 1.0, "divergence_coef": 1.0,
                         "policy_share": 0.5, "policy_prompts": 6000},
         "refusal_rm": {"steps": 100, "batch_size": 32, "lr": 3e-4},
+        "accuracy_rm_process": {"kind": "process", "steps": 400, "batch_size": 256, "lr": 2e-3,
+                                "policy_share": 0.5, "policy_prompts": 6000},
     },
     "fresh": {
         "accuracy_rm": {"steps": 600, "batch_size": 32, "lr": 2e-3},
@@ -56,7 +58,10 @@ DEMO_RM_RECIPES = {
 """Training of each demo RM per backbone: optimizer steps, pairs per step, peak learning rate
 (warmup then cosine), the auxiliary loss weights of train_reward_model (0 when absent), and, when
 a policy is given, the share of training pairs that are its own mistakes (`policy_wrong_pairs`
-on up to `policy_prompts` prompts, cycled; the rest are `accuracy_pairs`)."""
+on up to `policy_prompts` prompts, cycled; the rest are `accuracy_pairs`). `accuracy_rm_process`:
+the process accuracy RM (`accuracy="process"`), trained on both completions of each of its pairs,
+every step labelled against the chosen (gold) one (train/process_rm.py)."""
+ACCURACY_RMS = ("outcome", "process", "ensemble")
 
 
 def sft_backbone(
@@ -143,6 +148,8 @@ def build_demo_reward_models(
     num_threads: int | None = None,
     progress: Callable[[str], None] | None = None,
     policy: Any = None,
+    accuracy: str = "outcome",
+    ensemble_size: int = 3,
 ) -> dict[str, dict[str, Any]]:
     """Trains and saves the accuracy RM and the refusal RM of the built-in arithmetic task.
 
@@ -159,6 +166,10 @@ def build_demo_reward_models(
     progress: called with one line of text per stage (e.g. `Progress.log`).
     policy: the causal LM that GRPO will train (π0), or None. With it, `policy_share` of the accuracy
         RM's training pairs (recipe) reject the policy's own sampled mistakes on training prompts.
+    accuracy: the accuracy RM: "outcome" (pairwise, one score at EOS), "process" (a score per
+        step, the weakest one counts; recipe accuracy_rm_process) or "ensemble" (`ensemble_size`
+        outcome RMs of different seeds, out_dir/rm_accuracy_K; its entry has "paths", and held-out
+        accuracy / margin / by_kind of their mean normalized score).
     Returns {"accuracy_rm": {"path", "heldout_accuracy", "margin", "by_kind", "seconds"},
     "refusal_rm": {...}}; by_kind: held-out accuracy per `builtin_pair_kind`; "seconds" of the
     accuracy RM include the backbone's SFT.
@@ -170,6 +181,9 @@ def build_demo_reward_models(
         raise ValueError("build_demo_reward_models: base applies only to backbone='fresh'")
     if backbone != "sft" and sft:
         raise ValueError("build_demo_reward_models: sft settings apply only to backbone='sft'")
+    if accuracy not in ACCURACY_RMS or (accuracy == "process" and backbone != "sft") or ensemble_size < 2:
+        raise ValueError(f"build_demo_reward_models: accuracy must be one of {ACCURACY_RMS} (process with the "
+                         f"sft backbone) and ensemble_size >= 2; got {accuracy!r}, {backbone!r}, {ensemble_size}")
     plan = _recipes(backbone, steps, batch_size, lr)
     out: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()
@@ -179,10 +193,13 @@ def build_demo_reward_models(
             init = sft_backbone(task, tokenizer, seed=seed, **(sft or {}))
         if progress is not None:
             progress(f"[rm] SFT backbone trained on the task's training side ({time.perf_counter() - t0:.0f} s)")
+    common = dict(heldout_n=heldout_pairs, num_threads=num_threads, backbone=backbone, policy=policy)
     for offset, key in enumerate(("accuracy_rm", "refusal_rm")):
-        out[key] = _train_one(task, tokenizer, out_dir, key, init, plan[key], seed=seed, offset=offset,
-                              heldout_n=heldout_pairs, num_threads=num_threads, backbone=backbone,
-                              policy=policy)
+        if key == "accuracy_rm" and accuracy == "ensemble":
+            out[key] = _train_ensemble(task, tokenizer, out_dir, init, plan[key], ensemble_size, seed=seed, **common)
+        else:
+            recipe = plan["accuracy_rm_process"] if key == "accuracy_rm" and accuracy == "process" else plan[key]
+            out[key] = _train_one(task, tokenizer, out_dir, key, init, recipe, seed=seed, offset=offset, **common)
         out[key]["seconds"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         if progress is not None:
@@ -220,9 +237,11 @@ def heldout_pairs(task, key: str, seed: int, n: int = 1000) -> list:
 
 def _train_one(task, tokenizer, out_dir, key: str, init: Any, recipe: dict[str, Any], *, seed: int,
                offset: int, heldout_n: int, num_threads: int | None, backbone: str,
-               policy: Any = None) -> dict[str, Any]:
-    """Trains, evaluates and saves one demo RM; returns its result dict (without "seconds")."""
-    from grpolab.data.preferences import accuracy_pairs, builtin_pair_kind, refusal_pairs
+               policy: Any = None, folder: str | None = None) -> dict[str, Any]:
+    """Trains, evaluates and saves one demo RM (out_dir/`folder`, default rm_accuracy / rm_refusal);
+    returns its result dict (without "seconds"). recipe["kind"] == "process": a process RM trained
+    on both completions of each pair, checked against the chosen one."""
+    from grpolab.data.preferences import accuracy_pairs, refusal_pairs
 
     make = accuracy_pairs if key == "accuracy_rm" else refusal_pairs
     rng = random.Random(f"{seed}:{key}")
@@ -232,23 +251,63 @@ def _train_one(task, tokenizer, out_dir, key: str, init: Any, recipe: dict[str, 
     train = _training_pairs(task, tokenizer, key, make, recipe, rng, share, seed=seed, policy=policy,
                             num_threads=num_threads)
     tiny = DEMO_RM_SIZE if isinstance(init, str) and init == TINY_BASE else {}
+    process = recipe.get("kind") == "process"
     with torch_threads(num_threads):
         model = build_reward_model(init, tokenizer, seed=seed + offset, **tiny)
-        train_reward_model(model, tokenizer, train, steps=steps, batch_size=batch_size,
-                           microbatch_size=batch_size, lr=recipe["lr"], seed=seed + offset,
-                           lm_coef=recipe.get("lm_coef", 0.0), divergence_coef=recipe.get("divergence_coef", 0.0))
-        diff = pair_margins(model, tokenizer, heldout)
-        mean, std = score_stats(model, tokenizer, train)
-    kinds = [builtin_pair_kind(p) for p in heldout]
-    by_kind = {k: float((diff[[i for i, x in enumerate(kinds) if x == k]] > 0).float().mean())
-               for k in sorted(set(kinds))}
-    acc, margin = float((diff > 0).float().mean()), float(diff.mean())
+        if process:
+            from grpolab.train.process_rm import StepExample, score_process, train_process_rm
+
+            examples = [StepExample(p.prompt, c, p.chosen) for p in train for c in (p.chosen, p.rejected)]
+            train_process_rm(model, tokenizer, examples, steps=steps, batch_size=2 * batch_size, lr=recipe["lr"],
+                             seed=seed + offset)
+            sc = score_process(model, tokenizer, [p.prompt for p in heldout] * 2,
+                               [p.chosen for p in heldout] + [p.rejected for p in heldout])
+            diff = sc[: len(heldout)] - sc[len(heldout):]
+            sub = train[:1024]
+            tr = score_process(model, tokenizer, [p.prompt for p in sub] * 2, [p.chosen for p in sub] + [p.rejected for p in sub])
+            mean, std = float(tr.mean()), float(tr.std(correction=0))
+        else:
+            train_reward_model(model, tokenizer, train, steps=steps, batch_size=batch_size,
+                               microbatch_size=batch_size, lr=recipe["lr"], seed=seed + offset,
+                               lm_coef=recipe.get("lm_coef", 0.0), divergence_coef=recipe.get("divergence_coef", 0.0))
+            diff = pair_margins(model, tokenizer, heldout)
+            mean, std = score_stats(model, tokenizer, train)
+    acc, margin, by_kind = _heldout_summary(heldout, diff)
     name = key.split("_")[0]
     base_txt = "sft:builtin:tiny" if backbone == "sft" else str(init if isinstance(init, str) else "causal_lm")
     info = {"score_mean": mean, "score_std": std, "data": f"builtin:{name}", "base": base_txt,
             "heldout_accuracy": acc, "heldout_margin": margin, "heldout_by_kind": by_kind,
             "train_pairs": len(train), "heldout_pairs": len(heldout), "steps": steps,
             "lm_coef": recipe.get("lm_coef", 0.0), "divergence_coef": recipe.get("divergence_coef", 0.0),
-            "policy_share": share}
-    path = save_reward_model(model, tokenizer, Path(out_dir) / f"rm_{name}", info=info, pairs=train)
+            "policy_share": share, **({"kind": "process"} if process else {})}
+    path = save_reward_model(model, tokenizer, Path(out_dir) / (folder or f"rm_{name}"), info=info, pairs=train)
     return {"path": str(path), "heldout_accuracy": acc, "margin": margin, "by_kind": by_kind}
+
+
+def _heldout_summary(heldout: list, diff) -> tuple[float, float, dict[str, float]]:
+    """(accuracy, mean margin, accuracy per builtin_pair_kind) of s_chosen - s_rejected `diff`."""
+    from grpolab.data.preferences import builtin_pair_kind
+
+    kinds = [builtin_pair_kind(p) for p in heldout]
+    by_kind = {k: float((diff[[i for i, x in enumerate(kinds) if x == k]] > 0).float().mean())
+               for k in sorted(set(kinds))}
+    return float((diff > 0).float().mean()), float(diff.mean()), by_kind
+
+
+def _train_ensemble(task, tokenizer, out_dir, init: Any, recipe: dict[str, Any], size: int, *, seed: int,
+                    **common) -> dict[str, Any]:
+    """`size` accuracy RMs (seeds seed + 100·k: head, data and order differ), out_dir/rm_accuracy_k;
+    held-out figures of their mean normalized score (what reward_model_ensemble mode=mean ranks by)."""
+    from grpolab.rewards.reward_model import RewardModelReward
+
+    paths = [_train_one(task, tokenizer, out_dir, "accuracy_rm", init, recipe, seed=seed + 100 * k, offset=0,
+                        folder=f"rm_accuracy_{k}", **common)["path"] for k in range(size)]
+    heldout = heldout_pairs(task, "accuracy_rm", seed, common["heldout_n"])
+    prompts = [p.prompt for p in heldout] * 2
+    texts = [p.chosen for p in heldout] + [p.rejected for p in heldout]
+    import torch
+
+    sc = torch.stack([torch.tensor(RewardModelReward(p, normalize="fixed")(prompts, texts, [{}] * len(texts)))
+                      for p in paths]).mean(0)
+    acc, margin, by_kind = _heldout_summary(heldout, sc[: len(heldout)] - sc[len(heldout):])
+    return {"path": paths[0], "paths": paths, "heldout_accuracy": acc, "margin": margin, "by_kind": by_kind}

@@ -274,7 +274,11 @@ def build_rm_refresh(cfg, rewards: list, run_dir: Path | None = None) -> RMRefre
         if rc.rewards and fn.name not in rc.rewards:
             continue
         if isinstance(fn, RewardModelReward):
-            targets[fn.name] = fn
+            if fn.info.get("kind") == "process" and rc.rewards:
+                raise ValueError(f"rm_refresh.rewards: {fn.name!r} is a process RM (a label per step); rm_refresh "
+                                 "trains pairwise reward models")
+            if fn.info.get("kind") != "process":
+                targets[fn.name] = fn
         elif isinstance(fn, RewardModelEnsemble):
             targets.update({f"{fn.name}/{i}": m for i, m in enumerate(fn.members)})
     missing = [n for n in rc.rewards if not any(t == n or t.startswith(n + "/") for t in targets)]

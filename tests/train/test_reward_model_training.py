@@ -1,5 +1,6 @@
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -284,6 +285,25 @@ def test_demo_reward_models_contract_with_a_small_budget(tok, tmp_path):
         build_demo_reward_models(task, tok, tmp_path, backbone="fresh", sft={"steps": 2})
     with pytest.raises(ValueError, match="base applies only to backbone='fresh'"):
         build_demo_reward_models(task, tok, tmp_path, base="some/folder")
+
+
+def test_demo_process_and_ensemble_accuracy_rms(tok, tmp_path):
+    """accuracy="process": one RM folder marked kind=process, scored by its weakest step;
+    accuracy="ensemble": K member folders, the entry's paths list them."""
+    task = ArithTask(ops="+-", answer_lsb_first=True)
+    small = dict(seed=0, backbone="sft", steps=2, batch_size=4, heldout_pairs=40,
+                 sft={"steps": 2, "batch_size": 8, "size": TINY})
+    out = build_demo_reward_models(task, tok, tmp_path / "p", accuracy="process", **small)
+    info = json.loads((tmp_path / "p" / "rm_accuracy" / RM_INFO_FILE).read_text())
+    assert info["kind"] == "process" and info["score_std"] > 0 and 0 <= out["accuracy_rm"]["heldout_accuracy"] <= 1
+    assert "kind" not in json.loads((tmp_path / "p" / "rm_refusal" / RM_INFO_FILE).read_text())
+    out = build_demo_reward_models(task, tok, tmp_path / "e", accuracy="ensemble", ensemble_size=2, **small)
+    paths = out["accuracy_rm"]["paths"]
+    assert [Path(p).name for p in paths] == ["rm_accuracy_0", "rm_accuracy_1"]
+    a, b = (load_reward_model(p)[0].score.weight for p in paths)
+    assert not torch.equal(a, b)  # members differ (seeded apart)
+    with pytest.raises(ValueError, match="accuracy must be one of"):
+        build_demo_reward_models(task, tok, tmp_path, accuracy="process", backbone="fresh")
 
 
 @pytest.mark.slow

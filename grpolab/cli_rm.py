@@ -52,6 +52,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--arith-ops", default="+-*/", help="builtin: operations of the arithmetic task")
     r.add_argument("--split-seed", type=int, default=0, help="builtin: seed of the task's train/held-out split "
                    "(use the GRPO run's data.seed)")
+    r.add_argument("--policy", default=None, help="also report the RM's pair accuracy on this policy's own samples "
+                   "(an HF causal LM folder sharing the RM's tokenizer), e.g. the π0 GRPO will start from")
+    r.add_argument("--policy-prompts", type=int, default=256, help="--policy: held-out prompts to sample")
+    r.add_argument("--policy-samples", type=int, default=8, help="--policy: completions per prompt")
+    r.add_argument("--max-new-tokens", type=int, default=8, help="--policy: token limit of a sample")
+    r.add_argument("--labeler", default=None, help="--policy: the reward that judges the samples (a reward name "
+                   "or module:attr; builtin data: exact_match for accuracy, refusal for refusal)")
     r.add_argument("--hidden-size", type=int, default=64, help="builtin:tiny: hidden width")
     r.add_argument("--num-layers", type=int, default=2, help="builtin:tiny: layers")
     r.set_defaults(fn=run)
@@ -85,6 +92,37 @@ def _file_pairs(args, tokenizer):
     if k == 0:
         return pairs, []
     return [pairs[i] for i in order[:-k]], [pairs[i] for i in order[-k:]]
+
+
+def _policy_items(args, heldout):
+    """The prompts the policy samples: the task's held-out side (builtin data) or the held-out pairs'."""
+    from grpolab.data.arith import ArithTask, PromptItem
+
+    if args.data in BUILTIN_DATA:
+        task = ArithTask(seed=args.split_seed, ops=args.arith_ops)
+        return task.eval_items(args.policy_prompts)
+    prompts = list(dict.fromkeys(p.prompt for p in heldout))[: args.policy_prompts]
+    return [PromptItem(p, {}) for p in prompts]
+
+
+def _policy_accuracy(args, model, tokenizer, heldout) -> dict:
+    """The RM's pair accuracy on --policy's samples (train.rm_eval.policy_pair_accuracy)."""
+    from grpolab.models.loading import load_model
+    from grpolab.rewards.registry import build_reward
+    from grpolab.rewards.reward_model import RewardModelReward
+    from grpolab.train.rm_eval import policy_pair_accuracy
+
+    labeler = args.labeler or {"builtin:accuracy": "exact_match", "builtin:refusal": "refusal"}.get(args.data)
+    if not labeler:
+        raise ValueError("--policy: name the reward that judges the policy's samples with --labeler "
+                         "(e.g. exact_match, or module:attr)")
+    policy, _ = load_model(args.policy)
+    rm = RewardModelReward.from_model(model, tokenizer)
+    items = _policy_items(args, heldout)
+    acc = policy_pair_accuracy({"rm": rm}, {"rm": build_reward(labeler)}, policy, tokenizer, items,
+                               group_size=args.policy_samples, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    return {"accuracy": acc["rm"], "prompts": len(items), "samples": args.policy_samples, "labeler": labeler,
+            "policy": args.policy}
 
 
 def train(args) -> int:
@@ -128,10 +166,12 @@ def train(args) -> int:
                                 eval_pairs=heldout or None, on_step=on_step, lm_coef=args.lm_coef,
                                 divergence_coef=args.divergence_coef)
     mean, std = score_stats(model, tokenizer, train)
+    on_policy = _policy_accuracy(args, model, tokenizer, heldout) if args.policy else None
     info = {"score_mean": mean, "score_std": std, "data": args.data, "base": args.base,
             "heldout_accuracy": result.heldout_accuracy, "heldout_margin": result.heldout_margin,
             "train_pairs": len(train), "heldout_pairs": len(heldout),
-            "lm_coef": args.lm_coef, "divergence_coef": args.divergence_coef}
+            "lm_coef": args.lm_coef, "divergence_coef": args.divergence_coef, "lr": lr,
+            "batch_size": args.batch_size, **({"policy_pair_accuracy": on_policy} if on_policy else {})}
     out = save_reward_model(model, tokenizer, args.out, info=info, pairs=train)
     mark_finished(Path(args.out))
     if result.heldout_accuracy is None:
@@ -139,6 +179,9 @@ def train(args) -> int:
     else:
         print(f"held-out pairwise accuracy: {result.heldout_accuracy:.4f}  mean margin: "
               f"{result.heldout_margin:.4f}  ({len(heldout)} pairs)")
+    if on_policy:
+        print(f"pair accuracy on the policy's samples: {on_policy['accuracy']:.4f}  ({on_policy['prompts']} "
+              f"prompts x {args.policy_samples}, judged by {on_policy['labeler']})")
     print(f"training: {len(result.train_losses)} steps in {result.seconds:.1f} s, final loss "
           f"{result.train_losses[-1]:.4f}")
     print(f"saved: {out}")

@@ -57,6 +57,15 @@ class RewardModelReward:
         self.append_eos = bool(self.info.get("append_eos", default_append_eos(self.tokenizer)))
         self.mean, self.std = self._constants(mean, std)
 
+    @classmethod
+    def from_model(cls, model, tokenizer, info: dict | None = None, batch_size: int = 64) -> "RewardModelReward":
+        """The reward of a reward model in memory (raw scores, not normalized), e.g. one still training."""
+        self = cls.__new__(cls)
+        self.path, self.model, self.tokenizer, self.info = "<in memory>", model, tokenizer, dict(info or {})
+        self.batch_size, self.normalize, self.mean, self.std = batch_size, None, 0.0, 1.0
+        self.append_eos = bool(self.info.get("append_eos", default_append_eos(tokenizer)))
+        return self
+
     def _constants(self, mean: float | None, std: float | None) -> tuple[float, float]:
         if self.normalize != "fixed":
             return 0.0, 1.0

@@ -9,6 +9,7 @@ from grpolab.data.arith import ArithTask
 from grpolab.data.preferences import PrefPair, refusal_pairs
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.train.reward_model_demo import build_demo_reward_models
+from grpolab.train.rm_refresh import load_train_pairs
 from grpolab.train.reward_model import (
     RM_INFO_FILE,
     accumulate_pair_gradients,
@@ -218,9 +219,32 @@ def test_cli_trains_saves_and_reports(tmp_path, capsys):
     assert info["train_pairs"] == 12 and info["score_std"] > 0
     model, _, _ = load_reward_model(out)
     assert model.config.hidden_size == 16
+    assert load_train_pairs(out) and len(load_train_pairs(out)) == 12  # what rm_refresh replays
     bad = parser.parse_args(["rm", "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "x")])
     assert bad.fn(bad) == 2
     assert "missing.jsonl" in capsys.readouterr().err
+
+
+def test_cli_reports_pair_accuracy_on_a_policys_samples(tmp_path, capsys):
+    """--policy: the RM's pair accuracy on the policy's own samples, judged by the task's answer check."""
+    import argparse
+
+    from grpolab import cli_rm
+
+    tok = build_char_tokenizer()
+    policy = build_tiny_model(tok, seed=0, **TINY)
+    policy.save_pretrained(tmp_path / "pi")
+    tok.save_pretrained(tmp_path / "pi")
+    parser = argparse.ArgumentParser()
+    cli_rm.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["rm", "--data", "builtin:accuracy", "--out", str(tmp_path / "rm"), "--steps", "2",
+                              "--batch-size", "4", "--hidden-size", "16", "--num-layers", "1", "--heldout-pairs", "8",
+                              "--policy", str(tmp_path / "pi"), "--policy-prompts", "16", "--policy-samples", "4"])
+    assert args.fn(args) == 0
+    info = json.loads((tmp_path / "rm" / RM_INFO_FILE).read_text())["policy_pair_accuracy"]
+    assert info["labeler"] == "exact_match" and info["prompts"] == 16 and info["samples"] == 4
+    assert info["policy"] == str(tmp_path / "pi") and "accuracy" in info  # NaN here: a random policy is never right (values: test_rm_eval)
+    assert "pair accuracy on the policy's samples" in capsys.readouterr().out
 
 
 def test_sft_backbone_sees_only_the_training_side(tok, monkeypatch):

@@ -82,6 +82,11 @@ METRICS: tuple[MetricSpec, ...] = (
                "load)", "s", required=False),
     MetricSpec("sync/bytes", "rollout.workers: bytes of weights sent to the workers per sync", "bytes", "int",
                required=False),
+    MetricSpec("rm_refresh/labels", "rm_refresh: pairs of the policy's completions the labeler judged at this "
+               "step's refresh (ties included; within rm_refresh.labels_per_refresh)", "pairs", "int", required=False),
+    MetricSpec("rm_refresh/labels_total", "rm_refresh: pairs judged so far in the run", "pairs", "int", required=False),
+    MetricSpec("rm_refresh/pairs", "rm_refresh: judged pairs with a preference (the new RM training pairs)", "pairs",
+               "int", required=False),
     MetricSpec("value/loss", "loss.advantage=gae: value loss 0.5·max((V-R)², (clip(V)-R)²) per trained token",
                "reward²", required=False),
     MetricSpec("value/clip_frac", "loss.advantage=gae: share of trained tokens where the clipped value term "
@@ -128,7 +133,18 @@ def describe(key: str) -> MetricSpec | None:
     m = _PAIR_ACC_RE.match(key)
     if m:
         return MetricSpec(key, PAIR_ACC_KEY.description.replace("NAME", m["name"]), "fraction", required=False)
+    m = _REFRESH_RE.match(key)
+    if m:
+        return MetricSpec(key, f"rm_refresh of {m['name']}: " + _REFRESH_STATS[m["stat"]],
+                          "loss" if m["stat"] == "loss" else "fraction", required=False)
     return None
+
+
+_REFRESH_RE = re.compile(r"^rm_refresh/(?P<name>.+)/(?P<stat>pair_acc_before|pair_acc_after|loss)$")
+_REFRESH_STATS = {
+    "pair_acc_before": "its accuracy on the newly labelled pairs of the policy's samples, before training on them",
+    "pair_acc_after": "its accuracy on the newly labelled pairs, after the refresh",
+    "loss": "mean pairwise loss of the refresh's optimizer steps"}
 
 
 def _type_problem(key: str, value: Any, kind: str) -> str | None:

@@ -44,10 +44,10 @@ DEMO_BACKBONE_SFT = {"steps": 800, "batch_size": 64, "lr": 1e-3, "refusal_share"
 them refusals of unanswerable prompts (all kinds)."""
 DEMO_RM_RECIPES = {
     "sft": {
-        "accuracy_rm": {"steps": 400, "batch_size": 256, "lr": 2e-3, "lm_coef": 1.0, "divergence_coef": 1.0,
+        "accuracy_rm": {"steps": 250, "batch_size": 256, "lr": 2e-3, "lm_coef": 1.0, "divergence_coef": 1.0,
                         "policy_share": 0.5, "policy_prompts": 6000},
         "refusal_rm": {"steps": 100, "batch_size": 32, "lr": 3e-4},
-        "accuracy_rm_process": {"kind": "process", "steps": 400, "batch_size": 256, "lr": 2e-3,
+        "accuracy_rm_process": {"kind": "process", "steps": 250, "batch_size": 256, "lr": 2e-3,
                                 "policy_share": 0.5, "policy_prompts": 6000},
     },
     "fresh": {

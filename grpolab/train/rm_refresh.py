@@ -2,12 +2,13 @@
 
 Every `rm_refresh.every_steps` steps (production RLHF's iterated RM rounds):
 1. the completions of the steps since the last refresh are grouped by prompt;
-2. pairs of distinct completions of a prompt are chosen for annotation: per group, the completion the
+2. pairs of distinct completions of a prompt are queued for annotation: per group, the completion the
    RM ranks highest (where an over-optimized policy is being pushed) against another one of the group,
-   groups in seeded random order, round after round, until `labels_per_refresh` pairs are chosen;
-3. the labeler (the preference source: a reward function, called on those pairs' completions only)
-   judges each pair: the higher score is preferred, equal scores are a tie (no training pair), a
-   None/NaN on either side is no judgement (not counted); every judged pair counts against the budget;
+   groups in seeded random order, round after round;
+3. the labeler (the preference source: a reward function, called on queued pairs' completions only)
+   judges them in queue order until `labels_per_refresh` pairs are judged: the higher score is
+   preferred, equal scores are a tie (no training pair), a None/NaN on either side is no judgement
+   (not counted, e.g. a check that abstains on the prompt); every judged pair counts against the budget;
 4. each refreshed RM trains `train_steps` AdamW steps on batches mixing its saved training pairs
    (`replay_share`, against forgetting) with every pair labelled so far in this run, with the loss
    terms it was trained with; its "fixed" normalization constants are measured again.
@@ -104,6 +105,18 @@ def judge(labeler, chosen_groups: Sequence[dict], picks: Sequence[tuple[int, int
     return judged, pairs
 
 
+def judge_within(labeler, groups: Sequence[dict], picks: Sequence[tuple[int, int, int]], budget: int):
+    """`judge` on `picks` in order, chunk after chunk, until `budget` pairs are judged (a pair the
+    labeler abstains on costs nothing) or the picks run out; returns (judged, pairs)."""
+    judged, pairs, start = 0, [], 0
+    while judged < budget and start < len(picks):
+        chunk = picks[start : start + budget - judged]
+        start += len(chunk)
+        n, new = judge(labeler, groups, chunk)
+        judged, pairs = judged + n, pairs + new
+    return judged, pairs
+
+
 def groups_of(record) -> list[dict]:
     """A StepRecord's groups as {"prompt", "texts", "metas"} (the metadata the rewards saw)."""
     G = record.group_size
@@ -161,7 +174,7 @@ class RMRefresh:
         judged_all = 0
         for name, rm in self.targets.items():
             sc = self._group_scores(rm, groups)
-            judged, pairs = judge(self.labeler, groups, select_pairs(groups, sc, share, rng))
+            judged, pairs = judge_within(self.labeler, groups, select_pairs(groups, sc, 4 * share, rng), share)
             judged_all += judged
             new_pairs[name] = pairs
         self.labels_total += judged_all
@@ -204,7 +217,7 @@ class RMRefresh:
         if new:
             row[f"{key}/pair_acc_after"] = evaluate_pairs(rm.model, rm.tokenizer, new)[0]
         if rm.normalize == "fixed":
-            rm.mean, rm.std = score_stats(rm.model, rm.tokenizer, (replay[-512:] + self.pool[-512:]))
+            rm.mean, rm.std = score_stats(rm.model, rm.tokenizer, replay[-128:] + self.pool[-128:])
         return row
 
     def _log_labels(self, step: int, pairs: list[PrefPair]) -> None:

@@ -14,7 +14,9 @@ Scores are raw RM outputs unless `normalize` says otherwise:
 - "fixed": (s - mean) / std with constants: by default `score_mean` / `score_std` from the folder's
   grpolab_rm.json, i.e. the mean and population std of the RM's scores over the chosen and rejected
   completions of its training pairs, measured after RM training; explicit `mean` / `std` override them.
-Either keeps two RMs with different score scales comparable in a weighted sum. (Group-normalized
+Either keeps two RMs with different score scales comparable in a weighted sum. `clip` (after the
+normalization) bounds each score to [-clip, clip]: an RM's extreme scores, where a policy
+over-optimizing it is headed, count no more than `clip`. (Group-normalized
 advantages remove any per-prompt offset anyway; what the scale changes is the balance between
 rewards.) The reward never abstains, and it does not look at the metadata: a truncated completion
 is scored like any other text (use the `format` rule reward to penalize truncation explicitly).
@@ -45,11 +47,15 @@ class RewardModelReward:
         normalize: str | None = None,
         mean: float | None = None,
         std: float | None = None,
+        clip: float | None = None,
     ):
         if normalize not in _NORMALIZE:
             raise ValueError(f"reward_model: normalize must be one of {_NORMALIZE}, got {normalize!r}")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"reward_model: batch_size must be an integer >= 1, got {batch_size!r}")
+        if clip is not None and not float(clip) > 0:
+            raise ValueError(f"reward_model: clip must be > 0 (or null), got {clip!r}")
+        self.clip = None if clip is None else float(clip)
         self.path = str(path)
         self.batch_size = batch_size
         self.normalize = None if normalize == "none" else normalize
@@ -62,7 +68,7 @@ class RewardModelReward:
         """The reward of a reward model in memory (raw scores, not normalized), e.g. one still training."""
         self = cls.__new__(cls)
         self.path, self.model, self.tokenizer, self.info = "<in memory>", model, tokenizer, dict(info or {})
-        self.batch_size, self.normalize, self.mean, self.std = batch_size, None, 0.0, 1.0
+        self.batch_size, self.normalize, self.mean, self.std, self.clip = batch_size, None, 0.0, 1.0, None
         self.append_eos = bool(self.info.get("append_eos", default_append_eos(tokenizer)))
         return self
 
@@ -101,6 +107,8 @@ class RewardModelReward:
             s = (s - s.mean()) / (s.std(correction=0) + 1e-6)
         elif self.normalize == "fixed":
             s = (s - self.mean) / self.std
+        if self.clip is not None:
+            s = s.clamp(-self.clip, self.clip)
         return [float(x) for x in s]
 
 

@@ -118,3 +118,14 @@ def test_an_ensemble_combines_its_members_normalized_scores(saved, tmp_path):
         RewardModelEnsemble([str(first)])
     with pytest.raises(ValueError, match="mode must be one of"):
         RewardModelEnsemble([str(first), str(second)], mode="median")
+
+
+def test_clip_bounds_the_normalized_scores(saved):
+    _, _, path = saved
+    raw = torch.tensor(RewardModelReward(str(path), normalize="fixed")(PROMPTS, COMPLETIONS, META))
+    lim = float(raw.abs().max()) / 2  # halfway: some scores are cut, others not
+    got = torch.tensor(RewardModelReward(str(path), normalize="fixed", clip=lim)(PROMPTS, COMPLETIONS, META))
+    torch.testing.assert_close(got, raw.clamp(-lim, lim))
+    assert (got != raw).any()
+    with pytest.raises(ValueError, match="clip must be > 0"):
+        RewardModelReward(str(path), clip=0.0)

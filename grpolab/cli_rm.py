@@ -132,6 +132,7 @@ def train(args) -> int:
         base_tokenizer,
         build_reward_model,
         save_reward_model,
+        fit_calibration,
         score_stats,
         train_reward_model,
     )
@@ -166,8 +167,9 @@ def train(args) -> int:
                                 eval_pairs=heldout or None, on_step=on_step, lm_coef=args.lm_coef,
                                 divergence_coef=args.divergence_coef)
     mean, std = score_stats(model, tokenizer, train)
+    calib = fit_calibration(model, tokenizer, train)
     on_policy = _policy_accuracy(args, model, tokenizer, heldout) if args.policy else None
-    info = {"score_mean": mean, "score_std": std, "data": args.data, "base": args.base,
+    info = {"score_mean": mean, "score_std": std, "calibration": calib, "data": args.data, "base": args.base,
             "heldout_accuracy": result.heldout_accuracy, "heldout_margin": result.heldout_margin,
             "train_pairs": len(train), "heldout_pairs": len(heldout),
             "lm_coef": args.lm_coef, "divergence_coef": args.divergence_coef, "lr": lr,

@@ -14,7 +14,12 @@ Scores are raw RM outputs unless `normalize` says otherwise:
 - "fixed": (s - mean) / std with constants: by default `score_mean` / `score_std` from the folder's
   grpolab_rm.json, i.e. the mean and population std of the RM's scores over the chosen and rejected
   completions of its training pairs, measured after RM training; explicit `mean` / `std` override them.
-Either keeps two RMs with different score scales comparable in a weighted sum. `clip` (after the
+- "calibrated": P(good | s) = σ(a·s + b), the `calibration` (a, b) of grpolab_rm.json: a logistic
+  fit of the chosen (good) and rejected (bad) completions of its training pairs.
+Each keeps two RMs with different score scales comparable in a weighted sum. `threshold` turns the
+(normalized) score into 1.0 above it, else 0.0: with "calibrated" and 0.5 the RM is a learned
+verifier, and a group whose completions it judges all wrong gives no advantage, instead of the RM's
+arbitrary order among wrong answers (which group normalization would amplify). `clip` (after the
 normalization) bounds each score to [-clip, clip]: an RM's extreme scores, where a policy
 over-optimizing it is headed, count no more than `clip`. (Group-normalized
 advantages remove any per-prompt offset anyway; what the scale changes is the balance between
@@ -28,9 +33,10 @@ from typing import Any, Sequence
 
 import torch
 
+from grpolab.algo.calibration import calibrated
 from grpolab.train.reward_model import default_append_eos, load_reward_model, score_texts
 
-_NORMALIZE = (None, "none", "batch", "fixed")
+_NORMALIZE = (None, "none", "batch", "fixed", "calibrated")
 
 
 class RewardModelReward:
@@ -48,6 +54,7 @@ class RewardModelReward:
         mean: float | None = None,
         std: float | None = None,
         clip: float | None = None,
+        threshold: float | None = None,
     ):
         if normalize not in _NORMALIZE:
             raise ValueError(f"reward_model: normalize must be one of {_NORMALIZE}, got {normalize!r}")
@@ -56,12 +63,14 @@ class RewardModelReward:
         if clip is not None and not float(clip) > 0:
             raise ValueError(f"reward_model: clip must be > 0 (or null), got {clip!r}")
         self.clip = None if clip is None else float(clip)
+        self.threshold = None if threshold is None else float(threshold)
         self.path = str(path)
         self.batch_size = batch_size
         self.normalize = None if normalize == "none" else normalize
         self.model, self.tokenizer, self.info = load_reward_model(path, device)
         self.append_eos = bool(self.info.get("append_eos", default_append_eos(self.tokenizer)))
         self.mean, self.std = self._constants(mean, std)
+        self.calibration = self._calibration()
 
     @classmethod
     def from_model(cls, model, tokenizer, info: dict | None = None, batch_size: int = 64) -> "RewardModelReward":
@@ -69,8 +78,18 @@ class RewardModelReward:
         self = cls.__new__(cls)
         self.path, self.model, self.tokenizer, self.info = "<in memory>", model, tokenizer, dict(info or {})
         self.batch_size, self.normalize, self.mean, self.std, self.clip = batch_size, None, 0.0, 1.0, None
+        self.threshold, self.calibration = None, None
         self.append_eos = bool(self.info.get("append_eos", default_append_eos(tokenizer)))
         return self
+
+    def _calibration(self) -> torch.Tensor | None:
+        if self.normalize != "calibrated":
+            return None
+        ab = self.info.get("calibration")
+        if ab is None:
+            raise ValueError(f"reward_model: normalize='calibrated' needs the (a, b) of P(good | s) = σ(a·s + b), and "
+                             f"{self.path} has no calibration in grpolab_rm.json (save it with a current grpolab)")
+        return torch.tensor(ab, dtype=torch.float64)
 
     def _constants(self, mean: float | None, std: float | None) -> tuple[float, float]:
         if self.normalize != "fixed":
@@ -107,8 +126,12 @@ class RewardModelReward:
             s = (s - s.mean()) / (s.std(correction=0) + 1e-6)
         elif self.normalize == "fixed":
             s = (s - self.mean) / self.std
+        elif self.normalize == "calibrated":
+            s = calibrated(s, self.calibration)
         if self.clip is not None:
             s = s.clamp(-self.clip, self.clip)
+        if self.threshold is not None:
+            s = (s > self.threshold).double()
         return [float(x) for x in s]
 
 

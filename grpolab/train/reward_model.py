@@ -392,10 +392,27 @@ def evaluate_pairs(model, tokenizer, pairs: Sequence[PrefPair], *, batch_size: i
 def score_stats(model, tokenizer, pairs: Sequence[PrefPair], *, max_pairs: int = 1024) -> tuple[float, float]:
     """(mean, population std) of the scores of the chosen and rejected completions of the first
     `max_pairs` pairs: the "fixed" normalization of RewardModelReward."""
-    sub = list(pairs[:max_pairs])
-    scores = score_texts(model, tokenizer, [p.prompt for p in sub] * 2,
-                         [p.chosen for p in sub] + [p.rejected for p in sub])
+    scores = _pair_scores(model, tokenizer, pairs[:max_pairs])
     return float(scores.mean()), float(scores.std(correction=0))
+
+
+def _pair_scores(model, tokenizer, pairs: Sequence[PrefPair], scorer: Callable | None = None) -> torch.Tensor:
+    """[2n]: the chosen completions' scores, then the rejected ones' (scorer: score_texts by default)."""
+    sub = list(pairs)
+    return (scorer or score_texts)(model, tokenizer, [p.prompt for p in sub] * 2,
+                                   [p.chosen for p in sub] + [p.rejected for p in sub])
+
+
+def fit_calibration(model, tokenizer, pairs: Sequence[PrefPair], *, max_pairs: int = 1024,
+                    scorer: Callable | None = None) -> list[float]:
+    """(a, b) of P(good | s) = σ(a·s + b), a logistic fit of the first `max_pairs` pairs' chosen
+    (good) and rejected (bad) scores: RewardModelReward's "calibrated" normalization."""
+    from grpolab.algo.calibration import fit_logistic
+
+    sub = list(pairs[:max_pairs])
+    scores = _pair_scores(model, tokenizer, sub, scorer)
+    labels = torch.cat([torch.ones(len(sub)), torch.zeros(len(sub))])
+    return [float(x) for x in fit_logistic(scores, labels)]
 
 
 # --------------------------------------------------------------------------- saving and loading

@@ -30,6 +30,8 @@ from grpolab.train.reward_model import (
     build_reward_model,
     pair_margins,
     save_reward_model,
+    _pair_scores,
+    fit_calibration,
     score_stats,
     torch_threads,
     train_reward_model,
@@ -263,19 +265,20 @@ def _train_one(task, tokenizer, out_dir, key: str, init: Any, recipe: dict[str, 
             sc = score_process(model, tokenizer, [p.prompt for p in heldout] * 2,
                                [p.chosen for p in heldout] + [p.rejected for p in heldout])
             diff = sc[: len(heldout)] - sc[len(heldout):]
-            sub = train[:1024]
-            tr = score_process(model, tokenizer, [p.prompt for p in sub] * 2, [p.chosen for p in sub] + [p.rejected for p in sub])
+            tr = _pair_scores(model, tokenizer, train[:1024], score_process)
             mean, std = float(tr.mean()), float(tr.std(correction=0))
+            calib = fit_calibration(model, tokenizer, train, scorer=score_process)
         else:
             train_reward_model(model, tokenizer, train, steps=steps, batch_size=batch_size,
                                microbatch_size=batch_size, lr=recipe["lr"], seed=seed + offset,
                                lm_coef=recipe.get("lm_coef", 0.0), divergence_coef=recipe.get("divergence_coef", 0.0))
             diff = pair_margins(model, tokenizer, heldout)
             mean, std = score_stats(model, tokenizer, train)
+            calib = fit_calibration(model, tokenizer, train)
     acc, margin, by_kind = _heldout_summary(heldout, diff)
     name = key.split("_")[0]
     base_txt = "sft:builtin:tiny" if backbone == "sft" else str(init if isinstance(init, str) else "causal_lm")
-    info = {"score_mean": mean, "score_std": std, "data": f"builtin:{name}", "base": base_txt,
+    info = {"score_mean": mean, "score_std": std, "calibration": calib, "data": f"builtin:{name}", "base": base_txt,
             "heldout_accuracy": acc, "heldout_margin": margin, "heldout_by_kind": by_kind,
             "train_pairs": len(train), "heldout_pairs": len(heldout), "steps": steps,
             "lm_coef": recipe.get("lm_coef", 0.0), "divergence_coef": recipe.get("divergence_coef", 0.0),

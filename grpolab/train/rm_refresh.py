@@ -29,6 +29,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+
 from grpolab.data.preferences import PrefPair
 
 STATE_DIR = "rm_refresh"
@@ -197,7 +199,7 @@ class RMRefresh:
         return out
 
     def _train(self, name: str, rm, new: list[PrefPair], rng: random.Random) -> dict:
-        from grpolab.train.reward_model import evaluate_pairs, score_stats, train_reward_pairs
+        from grpolab.train.reward_model import evaluate_pairs, fit_calibration, score_stats, train_reward_pairs
 
         rc, key = self.rc, f"rm_refresh/{name}"
         row = {}
@@ -216,8 +218,11 @@ class RMRefresh:
         row[f"{key}/loss"] = sum(losses) / len(losses)
         if new:
             row[f"{key}/pair_acc_after"] = evaluate_pairs(rm.model, rm.tokenizer, new)[0]
+        recent = replay[-128:] + self.pool[-128:]
         if rm.normalize == "fixed":
-            rm.mean, rm.std = score_stats(rm.model, rm.tokenizer, replay[-128:] + self.pool[-128:])
+            rm.mean, rm.std = score_stats(rm.model, rm.tokenizer, recent)
+        elif rm.normalize == "calibrated":
+            rm.calibration = torch.tensor(fit_calibration(rm.model, rm.tokenizer, recent), dtype=torch.float64)
         return row
 
     def _log_labels(self, step: int, pairs: list[PrefPair]) -> None:
@@ -235,7 +240,8 @@ class RMRefresh:
 
         paths = {}
         for name, rm in self.targets.items():
-            info = {**rm.info, "score_mean": rm.mean, "score_std": rm.std, "refreshed_from": rm.path,
+            calib = rm.info.get("calibration") if rm.calibration is None else rm.calibration.tolist()
+            info = {**rm.info, "score_mean": rm.mean, "score_std": rm.std, "calibration": calib, "refreshed_from": rm.path,
                     "refresh_labels": self.labels_total}
             paths[name] = save_reward_model(rm.model, rm.tokenizer, out / name.replace("/", "_"), info=info,
                                             pairs=self.replay[name] + self.pool)
@@ -251,6 +257,7 @@ class RMRefresh:
             save_model(rm.model, str(out / f"rm{i}.safetensors"))
         state = {"names": list(self.targets), "labels_total": self.labels_total,
                  "norm": [[rm.mean, rm.std] for rm in self.targets.values()],
+                 "calibration": [None if rm.calibration is None else rm.calibration.tolist() for rm in self.targets.values()],
                  "pool": [asdict(p) for p in self.pool], "pending": self.pending}
         (out / "state.json").write_text(json.dumps(state))
 
@@ -268,6 +275,8 @@ class RMRefresh:
         for i, rm in enumerate(self.targets.values()):
             _load_weights(rm.model, src / f"rm{i}.safetensors")
             rm.mean, rm.std = state["norm"][i]
+            ab = state["calibration"][i]
+            rm.calibration = None if ab is None else torch.tensor(ab, dtype=torch.float64)
         self.labels_total = int(state["labels_total"])
         self.pool = [PrefPair(**p) for p in state["pool"]]
         self.pending = state["pending"]

@@ -129,3 +129,17 @@ def test_clip_bounds_the_normalized_scores(saved):
     assert (got != raw).any()
     with pytest.raises(ValueError, match="clip must be > 0"):
         RewardModelReward(str(path), clip=0.0)
+
+
+def test_calibrated_scores_and_the_verifier_threshold(saved, tmp_path):
+    model, tok, path = saved
+    with pytest.raises(ValueError, match="no calibration"):
+        RewardModelReward(str(path), normalize="calibrated")
+    save_reward_model(model, tok, tmp_path / "cal", info={"calibration": [2.0, -0.5]})
+    raw = score_texts(model, tok, PROMPTS, COMPLETIONS).double()
+    prob = torch.tensor(RewardModelReward(str(tmp_path / "cal"), normalize="calibrated")(PROMPTS, COMPLETIONS, META),
+                        dtype=torch.float64)
+    torch.testing.assert_close(prob, torch.sigmoid(2.0 * raw - 0.5))
+    cut = float(prob.median())
+    got = RewardModelReward(str(tmp_path / "cal"), normalize="calibrated", threshold=cut)(PROMPTS, COMPLETIONS, META)
+    assert got == [float(p > cut) for p in prob] and 0 < sum(got) < len(got)

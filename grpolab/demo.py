@@ -35,14 +35,14 @@ DEMO_OVERRIDES = [
 ]
 QUICK_OVERRIDES = ["train.steps=120"]
 RM_OVERRIDES = [
-    "train.steps=300",
+    "train.steps=300", "loss.kl_coef=0.1",
     "rm_refresh.every_steps=5", "rm_refresh.rewards=[accuracy_rm]", "rm_refresh.labeler=exact_match",
-    "rm_refresh.labels_per_refresh=128", "rm_refresh.train_steps=8", "rm_refresh.batch_size=64",
-    "rm_refresh.lr=1e-3", "rm_refresh.replay_share=0.5",
+    "rm_refresh.labels_per_refresh=256", "rm_refresh.train_steps=16", "rm_refresh.batch_size=64",
+    "rm_refresh.lr=3e-4", "rm_refresh.replay_share=0.5",
 ]
-"""With --rewards rm (300 GRPO steps, so that RM training fits the 15 minutes): the accuracy RM
-refreshed every 5 steps on 128 judged pairs of the policy's own completions, judged by the answer
-check (rm_refresh.every_steps=0 turns it off)."""
+"""With --rewards rm (300 GRPO steps, so that RM training fits the 15 minutes): a KL penalty to π0
+(β = 0.1) and the accuracy RM refreshed every 5 steps on 256 judged pairs of the policy's own
+completions, judged by the answer check (rm_refresh.every_steps=0 turns it off)."""
 GOLD = [{"name": "exact_match", "weight": 0.0}, {"name": "refusal", "weight": 0.0}]
 """With --rewards rm: the rule checks, logged beside the RMs as the gold reward (weight 0: never trained on)."""
 

@@ -34,26 +34,27 @@ DEMO_OVERRIDES = [
     "rewards=[exact_match:1.0, refusal:1.0]",
 ]
 QUICK_OVERRIDES = ["train.steps=120"]
-RM_OVERRIDES = [
-    "train.steps=300", "loss.kl_coef=0.1",
+RM_OVERRIDES = ["train.steps=300"]
+"""With --rewards rm: 300 GRPO steps, so that the reward models' training fits the 15 minutes."""
+OUTCOME_RM_OVERRIDES = [
+    "loss.kl_coef=0.1",
     "rm_refresh.every_steps=5", "rm_refresh.rewards=[accuracy_rm]", "rm_refresh.labeler=exact_match",
     "rm_refresh.labels_per_refresh=256", "rm_refresh.train_steps=16", "rm_refresh.batch_size=64",
     "rm_refresh.lr=3e-4", "rm_refresh.replay_share=0.5",
 ]
-"""With --rewards rm (300 GRPO steps, so that RM training fits the 15 minutes): a KL penalty to π0
-(β = 0.1) and the accuracy RM refreshed every 5 steps on 256 judged pairs of the policy's own
-completions, judged by the answer check (rm_refresh.every_steps=0 turns it off)."""
+"""With an outcome (or ensemble) accuracy RM: a KL penalty to π0 (β = 0.1) and the accuracy RM
+refreshed every 5 steps on 256 judged pairs of the policy's own completions, judged by the answer
+check (rm_refresh.every_steps=0 turns it off)."""
 GOLD = [{"name": "exact_match", "weight": 0.0}, {"name": "refusal", "weight": 0.0}]
 """With --rewards rm: the rule checks, logged beside the RMs as the gold reward (weight 0: never trained on)."""
 
 
 def demo_config(quick: bool = False, seed: int = 0, overrides: list[str] | None = None,
                 rewards: str = "rules", accuracy_rm: str = "outcome") -> C.Config:
-    """The demo's config; rewards="rm" adds RM_OVERRIDES unless the accuracy RM is a process RM
-    (whose labels are per step: rm_refresh trains pairwise RMs)."""
-    refresh = rewards == "rm" and accuracy_rm != "process"
-    ov = (DEMO_OVERRIDES + (RM_OVERRIDES if refresh else []) + (QUICK_OVERRIDES if quick else [])
-          + [f"train.seed={seed}"] + list(overrides or []))
+    """The demo's config; rewards="rm" adds RM_OVERRIDES, and OUTCOME_RM_OVERRIDES unless the
+    accuracy RM is a process RM (labelled per step: rm_refresh trains pairwise RMs)."""
+    rm = (RM_OVERRIDES + (OUTCOME_RM_OVERRIDES if accuracy_rm != "process" else [])) if rewards == "rm" else []
+    ov = DEMO_OVERRIDES + rm + (QUICK_OVERRIDES if quick else []) + [f"train.seed={seed}"] + list(overrides or [])
     return C.from_preset("grpo_no_kl", ov)
 
 

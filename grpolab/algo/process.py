@@ -39,3 +39,14 @@ def process_step_loss(step_scores: torch.Tensor, labels: torch.Tensor, step_mask
     bce = F.binary_cross_entropy_with_logits(step_scores.float(), labels.float(), reduction="none")
     n = steps.sum(dim=1)
     return torch.where(n > 0, (bce * steps).sum(dim=1) / n.clamp(min=1), torch.zeros_like(bce[:, 0]))
+
+
+def generative_step_loss(step_logp: torch.Tensor, labels: torch.Tensor, step_mask: torch.Tensor) -> torch.Tensor:
+    """[N]: each row's mean over its steps of −log p at a right step and −log(1 − p) at a wrong one,
+    p = exp(step_logp) the step token's probability under a language model (a generative process
+    RM: its step score is log p). step_logp: [N, T] (≤ 0); labels, step_mask: [N, T] bool."""
+    steps = step_mask.bool()
+    logp = step_logp.float().clamp(max=-1e-6)  # log(1 − p) needs p < 1
+    per = torch.where(labels.bool(), -logp, -torch.log(-torch.expm1(logp)))
+    n = steps.sum(dim=1)
+    return torch.where(n > 0, (per * steps).sum(dim=1) / n.clamp(min=1), torch.zeros_like(per[:, 0]))

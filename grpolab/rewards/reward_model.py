@@ -110,7 +110,7 @@ class RewardModelReward:
             from grpolab.train.process_rm import score_process
 
             return score_process(self.model, self.tokenizer, prompts, completions, append_eos=self.append_eos,
-                                 batch_size=self.batch_size)
+                                 batch_size=self.batch_size, scorer=self.info.get("step_scorer", "head"))
         return score_texts(self.model, self.tokenizer, prompts, completions,
                            append_eos=self.append_eos, batch_size=self.batch_size)
 

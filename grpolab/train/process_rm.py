@@ -5,7 +5,11 @@ at EOS. Its reward is the weakest step's score (`process_scores`).
 
 Training data are StepExamples (prompt, completion, target): any completion, the gold target it is
 checked against; the labels come from the two token sequences, so no one annotates steps by hand.
-A saved process RM is a reward-model folder whose grpolab_rm.json says `"kind": "process"`.
+Two step scorers: "head" (the score head at each position, trained by a per-step BCE) and "lm" (a
+generative process RM: the step's token log-probability under the backbone's own language model,
+trained by −log p at right steps and −log(1 − p) at wrong ones; it keeps what an SFT'd backbone
+knows about the next digit). A saved process RM is a reward-model folder whose grpolab_rm.json says
+`"kind": "process"` and `"step_scorer"`.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from grpolab.algo.process import prefix_step_labels, process_scores, process_step_loss
+from grpolab.algo.process import generative_step_loss, prefix_step_labels, process_scores, process_step_loss
 from grpolab.train.reward_model import default_append_eos, encode_texts, pad_right, score_positions
 
 PROCESS_KIND = "process"
@@ -51,16 +55,26 @@ def encode_steps(tokenizer, prompts: Sequence[str], completions: Sequence[str], 
     return ids, mask, steps, tgt
 
 
-def step_scores(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """[N, T] the score head at every position (see reward_model.score_positions)."""
+def step_scores(model, ids: torch.Tensor, mask: torch.Tensor, scorer: str = "head") -> torch.Tensor:
+    """[N, T] step scores: scorer "head", the score head at every position (reward_model.score_positions);
+    "lm", log p(token t | tokens < t) under the backbone's language model, its logits read through
+    the input embeddings (tied-embedding backbones; 0 at position 0)."""
     device = next(model.parameters()).device
-    return score_positions(model, ids.to(device), mask.to(device))[0].cpu()  # differentiable copy off a GPU
+    ids, mask = ids.to(device), mask.to(device)
+    if scorer == "head":
+        return score_positions(model, ids, mask)[0].cpu()  # differentiable copy off a GPU
+    from grpolab.algo.logprobs import token_logprobs
+
+    hidden = model.base_model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    logits = hidden[:, :-1] @ model.get_input_embeddings().weight.T
+    logp = token_logprobs(logits.float(), ids[:, 1:])
+    return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1).cpu()
 
 
 @torch.no_grad()
 def score_process(model, tokenizer, prompts: Sequence[str], completions: Sequence[str], *,
-                  append_eos: bool | None = None, batch_size: int = 64) -> torch.Tensor:
-    """[N] float32: each completion's weakest step score, in batches, without grad."""
+                  append_eos: bool | None = None, batch_size: int = 64, scorer: str = "head") -> torch.Tensor:
+    """[N] float32: each completion's weakest step score (`step_scores`' scorer), in batches, without grad."""
     was = model.training
     model.eval()
     out = []
@@ -68,22 +82,26 @@ def score_process(model, tokenizer, prompts: Sequence[str], completions: Sequenc
         for s in range(0, len(prompts), batch_size):
             ids, mask, steps, _ = encode_steps(tokenizer, prompts[s:s + batch_size], completions[s:s + batch_size],
                                                append_eos=append_eos, pad_id=model.config.pad_token_id)
-            out.append(process_scores(step_scores(model, ids, mask), steps).float().cpu())
+            out.append(process_scores(step_scores(model, ids, mask, scorer), steps).float().cpu())
     finally:
         model.train(was)
     return torch.cat(out) if out else torch.zeros(0)
 
 
-def process_batch_loss(model, tokenizer, batch: Sequence[StepExample]) -> torch.Tensor:
-    """The mean over `batch` of each example's mean step BCE (with grad)."""
+def process_batch_loss(model, tokenizer, batch: Sequence[StepExample], scorer: str = "head") -> torch.Tensor:
+    """The mean over `batch` of each example's mean step loss (with grad): the step BCE of the score
+    head, or with scorer "lm" −log p at right steps and −log(1 − p) at wrong ones."""
     ids, mask, steps, tgt = encode_steps(tokenizer, [e.prompt for e in batch], [e.completion for e in batch],
                                          [e.target for e in batch], pad_id=model.config.pad_token_id)
     labels = prefix_step_labels(ids, tgt, steps)
+    if scorer == "lm":
+        return generative_step_loss(step_scores(model, ids, mask, "lm"), labels, steps).mean()
     return process_step_loss(step_scores(model, ids, mask), labels, steps).mean()
 
 
 def train_process_rm(model, tokenizer, examples: Sequence[StepExample], *, steps: int, batch_size: int,
-                     lr: float, seed: int = 0, on_step: Callable[[int, float], None] | None = None) -> list[float]:
+                     lr: float, seed: int = 0, on_step: Callable[[int, float], None] | None = None,
+                     scorer: str = "head") -> list[float]:
     """AdamW (warmup then cosine) on the per-step BCE, batches of fresh seeded shuffles of
     `examples`. Returns each step's loss; the model is left in eval mode."""
     from grpolab.algo.optim import adamw, lr_lambda
@@ -100,7 +118,7 @@ def train_process_rm(model, tokenizer, examples: Sequence[StepExample], *, steps
     model.train()
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
-        loss = process_batch_loss(model, tokenizer, next(batches))
+        loss = process_batch_loss(model, tokenizer, next(batches), scorer)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -112,15 +130,17 @@ def train_process_rm(model, tokenizer, examples: Sequence[StepExample], *, steps
     return losses
 
 
-def step_accuracy(model, tokenizer, examples: Sequence[StepExample], *, batch_size: int = 128) -> float:
-    """Share of the examples' steps whose sign (score > 0 = right) matches their label."""
+def step_accuracy(model, tokenizer, examples: Sequence[StepExample], *, batch_size: int = 128,
+                  scorer: str = "head") -> float:
+    """Share of the examples' steps whose call matches their label: score > 0 (head) or p > 1/2 (lm)."""
     right = total = 0
     with torch.no_grad():
         for s in range(0, len(examples), batch_size):
             chunk = examples[s:s + batch_size]
             ids, mask, steps, tgt = encode_steps(tokenizer, [e.prompt for e in chunk], [e.completion for e in chunk],
                                                  [e.target for e in chunk], pad_id=model.config.pad_token_id)
-            pred = step_scores(model, ids, mask) > 0
+            sc = step_scores(model, ids, mask, scorer)
+            pred = sc > (0 if scorer == "head" else -0.6931471805599453)
             labels = prefix_step_labels(ids, tgt, steps)
             right += int(((pred == labels) & steps).sum())
             total += int(steps.sum())

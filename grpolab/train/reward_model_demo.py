@@ -20,6 +20,7 @@ training prompts.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from pathlib import Path
@@ -49,8 +50,8 @@ DEMO_RM_RECIPES = {
         "accuracy_rm": {"steps": 250, "batch_size": 256, "lr": 2e-3, "lm_coef": 1.0, "divergence_coef": 1.0,
                         "policy_share": 0.5, "policy_prompts": 6000},
         "refusal_rm": {"steps": 100, "batch_size": 32, "lr": 3e-4},
-        "accuracy_rm_process": {"kind": "process", "steps": 250, "batch_size": 256, "lr": 2e-3,
-                                "policy_share": 0.5, "policy_prompts": 6000},
+        "accuracy_rm_process": {"kind": "process", "step_scorer": "lm", "steps": 100, "batch_size": 256,
+                                "lr": 3e-4, "policy_share": 0.5, "policy_prompts": 6000},
     },
     "fresh": {
         "accuracy_rm": {"steps": 600, "batch_size": 32, "lr": 2e-3},
@@ -64,6 +65,9 @@ on up to `policy_prompts` prompts, cycled; the rest are `accuracy_pairs`). `accu
 the process accuracy RM (`accuracy="process"`), trained on both completions of each of its pairs,
 every step labelled against the chosen (gold) one (train/process_rm.py)."""
 ACCURACY_RMS = ("outcome", "process", "ensemble")
+PROCESS_BACKBONE_STEPS = 1600
+"""SFT steps of the backbone under a process accuracy RM (`accuracy="process"`): long enough that the
+backbone does the task's arithmetic, which its language model then checks step by step."""
 
 
 def sft_backbone(
@@ -191,6 +195,7 @@ def build_demo_reward_models(
     t0 = time.perf_counter()
     init: Any = base
     if backbone == "sft":
+        sft = {"steps": PROCESS_BACKBONE_STEPS, **(sft or {})} if accuracy == "process" else sft
         with torch_threads(num_threads):
             init = sft_backbone(task, tokenizer, seed=seed, **(sft or {}))
         if progress is not None:
@@ -259,15 +264,16 @@ def _train_one(task, tokenizer, out_dir, key: str, init: Any, recipe: dict[str, 
         if process:
             from grpolab.train.process_rm import StepExample, score_process, train_process_rm
 
+            scorer = recipe.get("step_scorer", "head")
             examples = [StepExample(p.prompt, c, p.chosen) for p in train for c in (p.chosen, p.rejected)]
             train_process_rm(model, tokenizer, examples, steps=steps, batch_size=2 * batch_size, lr=recipe["lr"],
-                             seed=seed + offset)
-            sc = score_process(model, tokenizer, [p.prompt for p in heldout] * 2,
-                               [p.chosen for p in heldout] + [p.rejected for p in heldout])
+                             seed=seed + offset, scorer=scorer)
+            score = functools.partial(score_process, scorer=scorer)
+            sc = _pair_scores(model, tokenizer, heldout, score)
             diff = sc[: len(heldout)] - sc[len(heldout):]
-            tr = _pair_scores(model, tokenizer, train[:1024], score_process)
+            tr = _pair_scores(model, tokenizer, train[:1024], score)
             mean, std = float(tr.mean()), float(tr.std(correction=0))
-            calib = fit_calibration(model, tokenizer, train, scorer=score_process)
+            calib = fit_calibration(model, tokenizer, train, scorer=score)
         else:
             train_reward_model(model, tokenizer, train, steps=steps, batch_size=batch_size,
                                microbatch_size=batch_size, lr=recipe["lr"], seed=seed + offset,
@@ -282,7 +288,7 @@ def _train_one(task, tokenizer, out_dir, key: str, init: Any, recipe: dict[str, 
             "heldout_accuracy": acc, "heldout_margin": margin, "heldout_by_kind": by_kind,
             "train_pairs": len(train), "heldout_pairs": len(heldout), "steps": steps,
             "lm_coef": recipe.get("lm_coef", 0.0), "divergence_coef": recipe.get("divergence_coef", 0.0),
-            "policy_share": share, **({"kind": "process"} if process else {})}
+            "policy_share": share, **({"kind": "process", "step_scorer": scorer} if process else {})}
     path = save_reward_model(model, tokenizer, Path(out_dir) / (folder or f"rm_{name}"), info=info, pairs=train)
     return {"path": str(path), "heldout_accuracy": acc, "margin": margin, "by_kind": by_kind}
 

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from grpolab.algo.process import prefix_step_labels, process_scores, process_step_loss
+from grpolab.algo.process import generative_step_loss, prefix_step_labels, process_scores, process_step_loss
 
 # prompt "7+5=" as ids 1 2 3 4, answer "12" = 5 6, EOS = 9, pad 0; steps are the completion tokens and EOS
 PROMPT = [1, 2, 3, 4]
@@ -51,3 +51,11 @@ def test_step_loss_is_the_mean_bce_over_steps():
     torch.testing.assert_close(process_step_loss(scores, labels, steps), want)
     steps_none = torch.zeros_like(steps)
     torch.testing.assert_close(process_step_loss(scores, labels, steps_none), torch.zeros(2))
+
+
+def test_generative_step_loss_by_hand():
+    logp = torch.log(torch.tensor([[0.5, 0.9, 0.2], [0.25, 0.5, 0.5]]))
+    labels = torch.tensor([[False, True, False], [True, True, False]])
+    steps = torch.tensor([[False, True, True], [True, True, False]])
+    want = torch.tensor([(-math.log(0.9) - math.log(1 - 0.2)) / 2, (-math.log(0.25) - math.log(0.5)) / 2])
+    torch.testing.assert_close(generative_step_loss(logp, labels, steps), want)

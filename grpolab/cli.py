@@ -313,9 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-report", action="store_true", help="skip report.html")
     d.add_argument("--rewards", choices=("rm", "rules"), default="rules",
                    help="GRPO rewards: two learned reward models (seed 000) or the exact rule checks")
-    d.add_argument("--accuracy-rm", choices=("outcome", "process", "ensemble"), default="outcome",
-                   help="with --rewards rm: the accuracy RM scores the whole answer (outcome), each answer token "
-                        "(process: the weakest counts), or is 3 outcome RMs (ensemble: the lowest counts)")
+    d.add_argument("--accuracy-rm", choices=("process", "outcome", "ensemble"), default="process",
+                   help="with --rewards rm: the accuracy RM scores each answer token by its backbone's language "
+                        "model (process: the weakest token counts), the whole answer at EOS (outcome, refreshed on "
+                        "the policy's samples), or is 3 outcome RMs (ensemble: the lowest counts)")
     d.add_argument("overrides", nargs="*", help="config overrides, e.g. train.steps=50")
     d.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     d.set_defaults(fn=_demo)

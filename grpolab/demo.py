@@ -34,8 +34,6 @@ DEMO_OVERRIDES = [
     "rewards=[exact_match:1.0, refusal:1.0]",
 ]
 QUICK_OVERRIDES = ["train.steps=120"]
-RM_OVERRIDES = ["train.steps=300"]
-"""With --rewards rm: 300 GRPO steps, so that the reward models' training fits the 15 minutes."""
 OUTCOME_RM_OVERRIDES = [
     "loss.kl_coef=0.1",
     "rm_refresh.every_steps=5", "rm_refresh.rewards=[accuracy_rm]", "rm_refresh.labeler=exact_match",
@@ -50,10 +48,10 @@ GOLD = [{"name": "exact_match", "weight": 0.0}, {"name": "refusal", "weight": 0.
 
 
 def demo_config(quick: bool = False, seed: int = 0, overrides: list[str] | None = None,
-                rewards: str = "rules", accuracy_rm: str = "outcome") -> C.Config:
-    """The demo's config; rewards="rm" adds RM_OVERRIDES, and OUTCOME_RM_OVERRIDES unless the
-    accuracy RM is a process RM (labelled per step: rm_refresh trains pairwise RMs)."""
-    rm = (RM_OVERRIDES + (OUTCOME_RM_OVERRIDES if accuracy_rm != "process" else [])) if rewards == "rm" else []
+                rewards: str = "rules", accuracy_rm: str = "process") -> C.Config:
+    """The demo's config; rewards="rm" with an outcome or ensemble accuracy RM adds OUTCOME_RM_OVERRIDES
+    (a process RM is labelled per step: rm_refresh trains pairwise RMs)."""
+    rm = OUTCOME_RM_OVERRIDES if rewards == "rm" and accuracy_rm != "process" else []
     ov = DEMO_OVERRIDES + rm + (QUICK_OVERRIDES if quick else []) + [f"train.seed={seed}"] + list(overrides or [])
     return C.from_preset("grpo_no_kl", ov)
 
@@ -81,12 +79,12 @@ def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, policy=None, w_a
     GRPO rewards: reward = w_acc·RM_acc + w_ref·RM_ref, each score z-normalised with the mean/std of
     the RM's scores on its own training pairs; the rule checks follow at weight 0 (GOLD). policy (π0):
     half of the accuracy RM's training pairs reject its own sampled mistakes. rm_options: keyword
-    arguments of build_demo_reward_models (e.g. steps). Returns (config, {name: held-out pairwise accuracy})."""
+    arguments of build_demo_reward_models (e.g. steps; accuracy: "process" unless given). Returns (config, {name: held-out pairwise accuracy})."""
     from grpolab.train.reward_model_demo import build_demo_reward_models
 
-    _say("[demo] training the accuracy and refusal reward models (pairwise log-sigmoid)")
+    _say("[demo] training the accuracy and refusal reward models")
     rms = build_demo_reward_models(task, tok, run_dir / "reward_models", seed=cfg.train.seed, policy=policy,
-                                   progress=_say, **(rm_options or {}))
+                                   progress=_say, **{"accuracy": "process", **(rm_options or {})})
     weights = {"accuracy_rm": w_acc, "refusal_rm": w_ref}
     specs = [{"name": "reward_model", "label": name, "weight": weights[name],
               "kwargs": {"path": str(info["path"]), "normalize": "fixed"}} for name, info in rms.items()]

@@ -46,26 +46,35 @@ def test_demo_quick_gains_and_writes_the_run_directory(tmp_path, capsys):
     assert "held-out metric" in out and "report:" in out
 
 
-def test_demo_with_reward_models_logs_the_gold_and_refreshes_the_accuracy_rm(tmp_path):
+@pytest.mark.parametrize("accuracy_rm", ["process", "outcome"])
+def test_demo_with_reward_models_logs_the_gold_and_refreshes_the_accuracy_rm(tmp_path, accuracy_rm):
     """--rewards rm wiring on a shrunk run: the two RMs train on, the rule checks are logged at weight 0,
-    the accuracy RM is refreshed within its budget, eval.json has the RMs' accuracy on policy samples."""
+    eval.json has the RMs' accuracy on policy samples; an outcome accuracy RM is refreshed within its
+    budget (a process one is not: its labels are per step)."""
     small = {"hidden_size": 32, "num_layers": 1, "num_heads": 2}
-    cfg = demo_config(quick=True, seed=0, rewards="rm", overrides=[
+    cfg = demo_config(quick=True, seed=0, rewards="rm", accuracy_rm=accuracy_rm, overrides=[
         "run.progress=false", "train.steps=4", "sft.steps=20", "sft.stop_at_accuracy=0", "data.eval_prompts=32",
         "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "rollout.prompts_per_step=8",
-        "train.minibatch_size=64", "train.microbatch_size=64",
-        "rm_refresh.every_steps=2", "rm_refresh.labels_per_refresh=6", "rm_refresh.train_steps=2"])
-    rm_options = {"steps": 2, "batch_size": 4, "heldout_pairs": 20, "sft": {"steps": 2, "size": small}}
+        "train.minibatch_size=64", "train.microbatch_size=64"] + (
+        ["rm_refresh.every_steps=2", "rm_refresh.labels_per_refresh=6", "rm_refresh.train_steps=2"]
+        if accuracy_rm == "outcome" else []))
+    rm_options = {"steps": 2, "batch_size": 4, "heldout_pairs": 20, "sft": {"steps": 2, "size": small},
+                  "accuracy": accuracy_rm}
     payload = run_demo(cfg, run_dir=tmp_path, report=True, rewards="rm", rm_options=rm_options)
     assert [r["name"] for r in payload["rewards"]] == ["accuracy_rm", "refusal_rm"]
     assert payload["gold"] == ["exact_match", "refusal"]
     assert set(payload["reward_models"]) == {"accuracy_rm", "refusal_rm"}
-    assert set(payload["reward_models_after"]) == {"accuracy_rm"}  # the refreshed one
     for when in ("pi0", "final"):
         assert set(payload["rm_pair_accuracy_on_policy"][when]) == {"accuracy_rm", "refusal_rm"}
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert all("reward/exact_match/mean" in r and "pair_acc/accuracy_rm" in r for r in rows)
     assert "pair_acc/exact_match" not in rows[0]  # the gold is no proxy
+    info = json.loads((tmp_path / "reward_models" / "rm_accuracy" / "grpolab_rm.json").read_text())
+    assert info.get("kind") == ("process" if accuracy_rm == "process" else None)
+    if accuracy_rm == "process":
+        assert payload["reward_models_after"] == {} and not any("rm_refresh/labels" in r for r in rows)
+        return
+    assert set(payload["reward_models_after"]) == {"accuracy_rm"}  # the refreshed one
     refreshes = [r for r in rows if "rm_refresh/labels" in r]
     assert [r["step"] for r in refreshes] == [1, 3]
     assert all(r["rm_refresh/labels"] <= 6 for r in refreshes)

@@ -76,8 +76,10 @@ def build_pi0(cfg: C.Config, run_dir: Path):
 def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, policy=None, w_acc: float = 1.0, w_ref: float = 1.0,
                        rm_options: dict | None = None):
     """Trains the accuracy and refusal reward models (seed 000) and puts them in the config as the
-    GRPO rewards: reward = w_acc·RM_acc + w_ref·RM_ref, each score z-normalised with the mean/std of
-    the RM's scores on its own training pairs; the rule checks follow at weight 0 (GOLD). policy (π0):
+    GRPO rewards: reward = w_acc·RM_acc + w_ref·RM_ref, each RM a learned verifier: 1 when its
+    calibrated probability that the completion is right (a logistic fit on its own training pairs)
+    exceeds 1/2, else 0, so that a group it judges all wrong gives no advantage, as a rule check's
+    would; the rule checks follow at weight 0 (GOLD). policy (π0):
     half of the accuracy RM's training pairs reject its own sampled mistakes. rm_options: keyword
     arguments of build_demo_reward_models (e.g. steps; accuracy: "process" unless given). Returns (config, {name: held-out pairwise accuracy})."""
     from grpolab.train.reward_model_demo import build_demo_reward_models
@@ -86,8 +88,9 @@ def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, policy=None, w_a
     rms = build_demo_reward_models(task, tok, run_dir / "reward_models", seed=cfg.train.seed, policy=policy,
                                    progress=_say, **{"accuracy": "process", **(rm_options or {})})
     weights = {"accuracy_rm": w_acc, "refusal_rm": w_ref}
+    judge = {"normalize": "calibrated", "threshold": 0.5}  # each RM a learned verifier (see RewardModelReward)
     specs = [{"name": "reward_model", "label": name, "weight": weights[name],
-              "kwargs": {"path": str(info["path"]), "normalize": "fixed"}} for name, info in rms.items()]
+              "kwargs": {"path": str(info["path"]), **judge}} for name, info in rms.items()]
     if "paths" in rms["accuracy_rm"]:  # an ensemble: the worst member counts (Coste et al. 2023's WCO)
         specs[0] = {"name": "reward_model_ensemble", "label": "accuracy_rm", "weight": w_acc,
                     "kwargs": {"paths": rms["accuracy_rm"]["paths"], "mode": "min"}}

@@ -16,7 +16,8 @@ def policy_pair_accuracy(rms: dict[str, Any], labelers: dict[str, Any], policy, 
     """{name: pair accuracy of rms[name] against labelers[name]} on `group_size` completions per
     prompt of `items` (PromptItems) sampled from `policy` at temperature 1: over every pair of
     completions of a prompt that the labeler (a reward function, higher = better, None = no
-    judgement) tells apart, the share the RM (a reward function) ranks the same way (ties 1/2).
+    judgement) tells apart, the share the RM ranks the same way (ties 1/2): by its raw scores
+    (`.scores`, e.g. a reward_model reward, whatever its normalization or threshold), else its rewards.
     NaN for an RM when no pair was told apart."""
     from grpolab.rollout.hf import HFEngine, decode_completions
 
@@ -30,5 +31,6 @@ def policy_pair_accuracy(rms: dict[str, Any], labelers: dict[str, Any], policy, 
     out = {}
     for name, rm in rms.items():
         gold = score_batch(labelers[name], prompts, texts, metas)
-        out[name] = pair_accuracy(score_batch(rm, prompts, texts, metas), gold, group_size)
+        scores = rm.scores(prompts, texts) if hasattr(rm, "scores") else score_batch(rm, prompts, texts, metas)
+        out[name] = pair_accuracy(scores, gold, group_size)
     return out

@@ -79,9 +79,9 @@ def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, policy=None, w_a
     GRPO rewards: reward = w_acc·RM_acc + w_ref·RM_ref, each RM a learned verifier: 1 when its
     calibrated probability that the completion is right (a logistic fit on its own training pairs)
     exceeds 1/2, else 0, so that a group it judges all wrong gives no advantage, as a rule check's
-    would; the rule checks follow at weight 0 (GOLD). policy (π0):
-    half of the accuracy RM's training pairs reject its own sampled mistakes. rm_options: keyword
-    arguments of build_demo_reward_models (e.g. steps; accuracy: "process" unless given). Returns (config, {name: held-out pairwise accuracy})."""
+    would; the rule checks follow at weight 0 (GOLD). policy (π0): half of the accuracy RM's training
+    pairs reject its own sampled mistakes. rm_options: keyword arguments of build_demo_reward_models
+    (e.g. steps; accuracy: "process" unless given). Returns (config, {name: held-out pair accuracy})."""
     from grpolab.train.reward_model_demo import build_demo_reward_models
 
     _say("[demo] training the accuracy and refusal reward models")

@@ -91,9 +91,9 @@ def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, policy=None, w_a
     judge = {"normalize": "calibrated", "threshold": 0.5}  # each RM a learned verifier (see RewardModelReward)
     specs = [{"name": "reward_model", "label": name, "weight": weights[name],
               "kwargs": {"path": str(info["path"]), **judge}} for name, info in rms.items()]
-    if "paths" in rms["accuracy_rm"]:  # an ensemble: the worst member counts (Coste et al. 2023's WCO)
+    if "paths" in rms["accuracy_rm"]:  # an ensemble: the least convinced member counts (Coste et al. 2023's WCO)
         specs[0] = {"name": "reward_model_ensemble", "label": "accuracy_rm", "weight": w_acc,
-                    "kwargs": {"paths": rms["accuracy_rm"]["paths"], "mode": "min"}}
+                    "kwargs": {"paths": rms["accuracy_rm"]["paths"], "mode": "min", "normalize": "calibrated"}}
     return cfg.replace(rewards=specs + GOLD), {name: info["heldout_accuracy"] for name, info in rms.items()}
 
 

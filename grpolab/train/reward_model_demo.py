@@ -307,6 +307,8 @@ def _train_ensemble(task, tokenizer, out_dir, init: Any, recipe: dict[str, Any],
                     **common) -> dict[str, Any]:
     """`size` accuracy RMs (seeds seed + 100·k: head, data and order differ), out_dir/rm_accuracy_k;
     held-out figures of their mean normalized score (what reward_model_ensemble mode=mean ranks by)."""
+    import torch
+
     from grpolab.rewards.reward_model import RewardModelReward
 
     paths = [_train_one(task, tokenizer, out_dir, "accuracy_rm", init, recipe, seed=seed + 100 * k, offset=0,
@@ -314,8 +316,6 @@ def _train_ensemble(task, tokenizer, out_dir, init: Any, recipe: dict[str, Any],
     heldout = heldout_pairs(task, "accuracy_rm", seed, common["heldout_n"])
     prompts = [p.prompt for p in heldout] * 2
     texts = [p.chosen for p in heldout] + [p.rejected for p in heldout]
-    import torch
-
     sc = torch.stack([torch.tensor(RewardModelReward(p, normalize="fixed")(prompts, texts, [{}] * len(texts)))
                       for p in paths]).mean(0)
     acc, margin, by_kind = _heldout_summary(heldout, sc[: len(heldout)] - sc[len(heldout):])

@@ -139,8 +139,16 @@ def load_train_pairs(path: str | Path) -> list[PrefPair]:
     return [PrefPair(**json.loads(line)) for line in f.read_text().splitlines() if line.strip()]
 
 
+MAX_SAVED_PAIRS = 20_000
+"""At most this many training pairs are kept in an RM folder (a seeded sample of larger sets): enough
+to replay against forgetting without copying a whole preference dataset."""
+
+
 def write_train_pairs(path: str | Path, pairs: Sequence[PrefPair]) -> None:
-    """Saves `pairs` as the RM folder's TRAIN_PAIRS_FILE (one JSON object per line)."""
+    """Saves `pairs` (a seeded sample of MAX_SAVED_PAIRS when there are more) as the RM folder's
+    TRAIN_PAIRS_FILE (one JSON object per line)."""
+    if len(pairs) > MAX_SAVED_PAIRS:
+        pairs = random.Random(0).sample(list(pairs), MAX_SAVED_PAIRS)
     with open(Path(path) / TRAIN_PAIRS_FILE, "w") as f:
         for p in pairs:
             f.write(json.dumps(asdict(p)) + "\n")

@@ -181,3 +181,15 @@ def test_the_gold_reward_at_weight_0_never_reaches_the_loss():
         torch.testing.assert_close(w_a[k], w_b[k], rtol=0, atol=0)
     assert [r["loss"] for r in rows_a] == [r["loss"] for r in rows_b]
     assert rows_a[0]["reward/t_gold_False/mean"] + rows_b[0]["reward/t_gold_True/mean"] == pytest.approx(1.0)
+
+
+def test_an_rm_folder_keeps_a_seeded_sample_of_a_large_training_set(tmp_path, monkeypatch):
+    from grpolab.train import rm_refresh
+
+    monkeypatch.setattr(rm_refresh, "MAX_SAVED_PAIRS", 10)
+    pairs = [PrefPair(f"{i}+0=", str(i), "x") for i in range(25)]
+    rm_refresh.write_train_pairs(tmp_path, pairs)
+    kept = load_train_pairs(tmp_path)
+    assert len(kept) == 10 and len(set(kept)) == 10 and set(kept) <= set(pairs)
+    rm_refresh.write_train_pairs(tmp_path, pairs[:5])
+    assert load_train_pairs(tmp_path) == pairs[:5]

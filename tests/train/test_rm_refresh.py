@@ -193,3 +193,24 @@ def test_an_rm_folder_keeps_a_seeded_sample_of_a_large_training_set(tmp_path, mo
     assert len(kept) == 10 and len(set(kept)) == 10 and set(kept) <= set(pairs)
     rm_refresh.write_train_pairs(tmp_path, pairs[:5])
     assert load_train_pairs(tmp_path) == pairs[:5]
+
+
+def test_build_names_ensemble_members_and_refuses_unknown_rewards(tmp_path):
+    from grpolab.rewards.reward_model import RewardModelEnsemble
+    from grpolab.train.rm_refresh import build_rm_refresh
+
+    task = ArithTask()
+    a = _saved_rm(tmp_path / "a", task)
+    b = _saved_rm(tmp_path / "b", task)
+    ens = RewardModelEnsemble([str(a), str(b)], mode="min")
+    ens.name = "ens"
+    single = RewardModelReward(str(a))
+    single.name = "acc"
+    cfg = C.from_preset("grpo", ["rm_refresh.every_steps=2", "rm_refresh.labeler=exact_match",
+                                 "rm_refresh.rewards=[ens]"])
+    refresh = build_rm_refresh(cfg, [(ens, 1.0), (single, 1.0)])
+    assert list(refresh.targets) == ["ens/0", "ens/1"] and refresh.targets["ens/1"] is ens.members[1]
+    everything = build_rm_refresh(cfg.replace(**{"rm_refresh.rewards": []}), [(ens, 1.0), (single, 1.0)])
+    assert list(everything.targets) == ["ens/0", "ens/1", "acc"]
+    with pytest.raises(ValueError, match="not reward_model"):
+        build_rm_refresh(cfg.replace(**{"rm_refresh.rewards": ["nope"]}), [(single, 1.0)])

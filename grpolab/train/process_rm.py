@@ -14,6 +14,7 @@ knows about the next digit). A saved process RM is a reward-model folder whose g
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -140,7 +141,7 @@ def step_accuracy(model, tokenizer, examples: Sequence[StepExample], *, batch_si
             ids, mask, steps, tgt = encode_steps(tokenizer, [e.prompt for e in chunk], [e.completion for e in chunk],
                                                  [e.target for e in chunk], pad_id=model.config.pad_token_id)
             sc = step_scores(model, ids, mask, scorer)
-            pred = sc > (0 if scorer == "head" else -0.6931471805599453)
+            pred = sc > (0.0 if scorer == "head" else math.log(0.5))
             labels = prefix_step_labels(ids, tgt, steps)
             right += int(((pred == labels) & steps).sum())
             total += int(steps.sum())

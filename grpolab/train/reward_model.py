@@ -389,10 +389,11 @@ def evaluate_pairs(model, tokenizer, pairs: Sequence[PrefPair], *, batch_size: i
     return float((diff > 0).float().mean()), float(diff.mean())
 
 
-def score_stats(model, tokenizer, pairs: Sequence[PrefPair], *, max_pairs: int = 1024) -> tuple[float, float]:
-    """(mean, population std) of the scores of the chosen and rejected completions of the first
-    `max_pairs` pairs: the "fixed" normalization of RewardModelReward."""
-    scores = _pair_scores(model, tokenizer, pairs[:max_pairs])
+def score_stats(model, tokenizer, pairs: Sequence[PrefPair], *, max_pairs: int = 1024,
+                scorer: Callable | None = None) -> tuple[float, float]:
+    """(mean, population std) of the scores (scorer: score_texts by default) of the chosen and
+    rejected completions of the first `max_pairs` pairs: the "fixed" normalization of RewardModelReward."""
+    scores = _pair_scores(model, tokenizer, pairs[:max_pairs], scorer)
     return float(scores.mean()), float(scores.std(correction=0))
 
 

@@ -271,16 +271,14 @@ def _train_one(task, tokenizer, out_dir, key: str, init: Any, recipe: dict[str, 
             score = functools.partial(score_process, scorer=scorer)
             sc = _pair_scores(model, tokenizer, heldout, score)
             diff = sc[: len(heldout)] - sc[len(heldout):]
-            tr = _pair_scores(model, tokenizer, train[:1024], score)
-            mean, std = float(tr.mean()), float(tr.std(correction=0))
-            calib = fit_calibration(model, tokenizer, train, scorer=score)
         else:
+            score = None  # score_texts: the score at EOS
             train_reward_model(model, tokenizer, train, steps=steps, batch_size=batch_size,
                                microbatch_size=batch_size, lr=recipe["lr"], seed=seed + offset,
                                lm_coef=recipe.get("lm_coef", 0.0), divergence_coef=recipe.get("divergence_coef", 0.0))
             diff = pair_margins(model, tokenizer, heldout)
-            mean, std = score_stats(model, tokenizer, train)
-            calib = fit_calibration(model, tokenizer, train)
+        mean, std = score_stats(model, tokenizer, train, scorer=score)
+        calib = fit_calibration(model, tokenizer, train, scorer=score)
     acc, margin, by_kind = _heldout_summary(heldout, diff)
     name = key.split("_")[0]
     base_txt = "sft:builtin:tiny" if backbone == "sft" else str(init if isinstance(init, str) else "causal_lm")

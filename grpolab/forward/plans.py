@@ -6,8 +6,9 @@ plan's `attend(module, query, key, value, kwargs)` computes that layer's attenti
 ([B, H, T, D] inputs, [B, T, H, D] output):
 
 - `PackedRows`: the batch is one row of back-to-back original rows (padding-free); each attends
-  only to itself. Rows of at most `SHORT_ATTENTION_MAX_TOKENS` on a CPU, in bf16, are gathered
-  right-padded for `short_attention` (`padded_attention`); others run one SDPA call per row
+  only to itself. Rows of at most `SHORT_ATTENTION_MAX_TOKENS` on a CPU are gathered right-padded
+  (`padded_attention`) for `short_attention` in bf16, for one causal SDPA call in float32; others
+  run one SDPA call per row
   (`row_attention.per_row_attention` on a CPU). With `groups` the row holds each group's prompt
   once (`shared_prompt.packed_group_layout`): the original rows are gathered by index first.
 - `GroupedRows`: each row is a group's prompt and its G completions
@@ -47,8 +48,11 @@ class PackedRows:
     each group's prompt once; attention runs on the R tokens of the original rows."""
 
     def attend(self, module, query, key, value, kwargs) -> torch.Tensor:
-        if self.padded is not None and _pads_short_rows(query, kwargs):
-            return self.short_rows_attention(query, key, value, kwargs.get("scaling"))
+        if self.padded is not None and _plain(kwargs):
+            if bf16_on_cpu(query):
+                return self.short_rows_attention(query, key, value, kwargs.get("scaling"))
+            if query.dtype == torch.float32:
+                return self.short_rows_sdpa(query, key, value, kwargs.get("scaling"))
         if self.groups is not None:  # each original row's attention, its prompt copied in
             expand, collapse = self.groups
             out = self.packed_attention(module, *(t.index_select(2, expand) for t in (query, key, value)), **kwargs)
@@ -61,6 +65,15 @@ class PackedRows:
         q, k, v = (to_padded(t.to(torch.bfloat16), gather) for t in (query, key, value))
         # right-padded rows under a causal mask: every query sees at least its row's first token
         return from_padded(short_attention(q, k, v, visible, scaling, every_query_sees_a_key=True), scatter)
+
+    def short_rows_sdpa(self, query, key, value, scaling=None) -> torch.Tensor:
+        """float32: the rows gathered right-padded by `padded`, one causal SDPA call over them all, and
+        back: [1, K, H, D]. Causal over right-padded rows, a real query sees only its row's real keys;
+        the padding slots' outputs are dropped and get no gradient."""
+        gather, scatter, _ = self.padded
+        q, k, v = (to_padded(t, gather) for t in (query, key, value))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=q.shape[1] != k.shape[1])
+        return from_padded(out.transpose(1, 2), scatter)
 
     def packed_attention(self, module, query, key, value, *, scaling=None, dropout=0.0, **kwargs) -> torch.Tensor:
         """Causal attention within each row: one SDPA call per row.
@@ -100,12 +113,12 @@ def packed_rows_plan(rows, groups=None, device="cpu") -> PackedRows:
     return PackedRows(lengths, padded_maps(lengths, *(groups or ())) if short else None, groups)
 
 
-def _pads_short_rows(query, kwargs) -> bool:
-    """True where `short_rows_attention` computes what `packed_attention` would: bf16 on a CPU, no
-    dropout, soft cap, sliding window or position bias (`packed_attention` rejects the last ones)."""
-    plain = not kwargs.get("dropout", 0.0) and all(
+def _plain(kwargs) -> bool:
+    """True where the padded attention of short rows (`short_rows_attention` in bf16, `short_rows_sdpa`
+    in float32) computes what `packed_attention` would: no dropout, soft cap, sliding window or
+    position bias (`packed_attention` rejects the last ones)."""
+    return not kwargs.get("dropout", 0.0) and all(
         kwargs.get(name) is None for name in ("softcap", "sliding_window", "position_bias"))
-    return plain and bf16_on_cpu(query)
 
 
 @torch.compiler.disable

@@ -94,7 +94,7 @@ def test_grouped_maps_read_each_prompt_into_each_row_and_sum_its_key_gradients()
         torch.testing.assert_close(a, t.grad)
 
 
-def test_bf16_packed_forward_takes_the_padded_attention_and_fp32_does_not(model, rollout):
+def test_packed_forward_takes_the_padded_attention_in_bf16_and_in_fp32(model, rollout):
     m = copy.deepcopy(model)
     calls = []
 
@@ -102,13 +102,29 @@ def test_bf16_packed_forward_takes_the_padded_attention_and_fp32_does_not(model,
         calls.append(gather.shape)
         return to_padded(x, gather)
 
-    with mock.patch.object(plans, "to_padded", counting):
+    with (mock.patch.object(plans, "to_padded", counting),
+          mock.patch.object(plans, "per_row_attention", side_effect=AssertionError("per-row attention"))):
         completion_logprobs(m, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
                             compute_dtype=torch.bfloat16, padding_free=True)
         assert len(calls) == 3 * m.config.num_hidden_layers  # query, key, value of every layer
         calls.clear()
         completion_logprobs(m, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, padding_free=True)
-        assert not calls
+        assert len(calls) == 3 * m.config.num_hidden_layers  # float32: one SDPA call over the padded rows
+
+
+def test_fp32_padded_sdpa_matches_the_per_row_attention_values_and_gradients():
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([5, 1, 9, 3])
+    q, k, v = (torch.randn(1, 4, int(lengths.sum()), 8, generator=g, requires_grad=True) for _ in range(3))
+    plan = packed_rows_plan(lengths)
+    padded = plan.short_rows_sdpa(q, k, v)
+    per_row = plan.packed_attention(torch.nn.Module(), q, k, v)
+    torch.testing.assert_close(padded, per_row)
+    up = torch.randn(padded.shape, generator=g)
+    grads = torch.autograd.grad((padded * up).sum(), (q, k, v))
+    expected = torch.autograd.grad((per_row * up).sum(), (q, k, v))
+    for a, b in zip(grads, expected):
+        torch.testing.assert_close(a, b)
 
 
 def test_packed_rows_plan_builds_the_padded_maps_only_for_short_rows_on_a_cpu():

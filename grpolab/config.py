@@ -25,9 +25,9 @@ class ModelConfig:
     name_or_path: str = "builtin:tiny"
     """Policy model: 'builtin:tiny' (built locally), an HF folder, a hub id 'org/name' (from the Hugging
     Face cache, downloaded when online), a .gguf file, or 'smollm2-135m-instruct'."""
-    dtype: str = "float32"
-    """Compute dtype: float32; bfloat16 (autocast, master weights stay float32); auto (bfloat16 where
-    the CPU or GPU supports it, else float32)."""
+    dtype: str = "auto"
+    """Compute dtype: auto (bfloat16 where the CPU or GPU computes it natively: AVX512-BF16 / AMX, or a
+    CUDA GPU with bf16; else float32); float32; bfloat16 (autocast, master weights stay float32)."""
     device: str = "cpu"
     """Torch device for the policy, e.g. cpu or cuda."""
     hidden_size: int = 128
@@ -40,12 +40,13 @@ class ModelConfig:
     """LoRA rank through PEFT; 0 = full fine-tune. With LoRA the reference is the base with adapters off."""
     lora_alpha: float = 16.0
     """LoRA scaling alpha."""
-    compile: bool = False
+    compile: bool | str = "auto"
     """torch.compile the log-prob forwards: the policy's training forward (Phase B) and the no-grad
     π_old / π_ref passes of Phase A (a LoRA reference stays eager), per model.compile_scope. Shapes
     are dynamic, so widths that change from step to step do not recompile. The first step pays the
-    compilation (about a minute on a CPU); later steps are faster, most on small models whose
-    forward is overhead-bound, at a small cost in peak memory."""
+    compilation (seconds from the persistent compile cache, about a minute cold on a CPU); later steps
+    are faster, most on small models whose forward is overhead-bound, at a small cost in peak memory.
+    auto: on only where the planned run recovers the compile time (train/speed.py: `compile_pays`)."""
     compile_scope: str = "blocks"
     """With model.compile: 'blocks' compiles each transformer block (decoder layer) and runs the rest
     eagerly; all blocks share one graph, so compilation time does not grow with depth. 'model'
@@ -55,7 +56,7 @@ class ModelConfig:
     """With model.compile: inductor's C++ wrapper calls the compiled kernels without Python in
     between. Pays on small models whose graphs are many short kernels; on deep models compiling the
     generated C++ can take too long to be practical, so it is off by default. Needs model.compile."""
-    padding_free: bool = False
+    padding_free: bool | str = "auto"
     """The log-prob forwards (Phase B's training microbatches, Phase A's π_old / π_ref passes) pack
     each chunk's real tokens into one row: the linear layers and the LM head compute no padding, and
     attention stays within each original row (short rows in bf16 on a CPU go through
@@ -63,8 +64,10 @@ class ModelConfig:
     compute dtype's rounding. Chunks are cut to about equal real tokens
     (`forward.buckets.balanced_buckets`) and padded to a few fixed sizes, so kernels built per
     matrix size are reused. Pays when rows differ much in length. Needs SDPA attention without a
-    sliding window; combines with model.compile (the row maps are graph inputs)."""
-    shared_prompt: bool = False
+    sliding window; combines with model.compile (the row maps are graph inputs). auto: on a CPU in
+    bf16, and in float32 where rows fit one padded attention call (data.max_prompt_tokens +
+    rollout.max_new_tokens ≤ 128) or the model is ≥ 512 wide; off on GPUs (untested there)."""
+    shared_prompt: bool | str = "auto"
     """The log-prob forwards compute each group's prompt once instead of G times: a group goes through
     the model as one row [prompt | completion 1 | ... | completion G], and attention keeps each
     completion to its prompt and itself (forward/shared_prompt.py). Same log-probs up to the compute
@@ -72,7 +75,9 @@ class ModelConfig:
     neither padding nor prompt copies are computed. Pays when prompts are long next to completions;
     with short prompts it gains little. Phase B shuffles whole groups and cuts minibatches and
     microbatches in whole groups, so train.minibatch_size and train.microbatch_size must be
-    multiples of rollout.group_size. Needs SDPA attention without a sliding window."""
+    multiples of rollout.group_size. Needs SDPA attention without a sliding window. auto: on a CPU when
+    every optimizer step takes the whole batch (one minibatch per epoch: drawing groups instead of rows
+    then changes nothing) and the microbatches can be whole groups; off on GPUs (untested there)."""
 
 
 @dataclass(frozen=True)
@@ -132,25 +137,27 @@ class RolloutConfig:
     """Top-k sampling (0 = off)."""
     engine: str = "hf"
     """Generation engine of Phase A, a key of rollout.engine.ENGINES (see the choices below)."""
-    compile: bool = False
+    compile: bool | str = "auto"
     """hf engine: decode with a static KV cache and a torch.compile'd step (rollout/static.py).
     Pays on small models whose decode step is overhead-bound, not on larger ones; each new (rows,
     prompt width bucket) compiles once (tens of seconds), and finished rows keep decoding instead
-    of leaving the batch."""
-    bf16_weights: bool = False
+    of leaving the batch. auto: as model.compile, by the same rule (`compile_pays`)."""
+    bf16_weights: bool | str = "auto"
     """hf engine, bf16 compute: sample from a bfloat16 copy of the policy's weights, made at the start
     of each rollout and freed after it. Pays with rollout.compile, whose compiled step otherwise
     re-casts the float32 weights at every step; the eager loop casts once per rollout anyway. The
     sampler then differs from π_old's forward by bf16 rounding, as a vLLM sampler does; the loss
     still takes log π_old from the training forward. Rejected with model.dtype=float32; ignored
-    when model.dtype=auto resolves to float32 (a CPU without bf16)."""
-    packed_weights: bool = False
+    when model.dtype=auto resolves to float32 (a CPU without bf16). auto: on with a compiled decode
+    in bf16."""
+    packed_weights: bool | str = "auto"
     """hf engine, float32 on a CPU, eager loop: the decode's linear layers multiply by oneDNN-packed
     copies of their weights, made at the start of each rollout and freed after it (rollout/packed.py).
     Pays where the decode's products are skinny against large weights (models of ~100M parameters
     and up), not on tiny ones; costs the linear weights' size again in memory during the rollout.
     Rejected with rollout.compile=true and model.dtype=bfloat16; ignored when model.dtype=auto
-    resolves to bfloat16, and on a GPU."""
+    resolves to bfloat16, and on a GPU. auto: on for models of hidden size ≥ 512 (float32, eager decode,
+    CPU)."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling (Yu et al. 2025; verl's algorithm.filter_groups.enable): groups with all
     rewards equal are dropped and more batches of prompts_per_step prompts generated until
@@ -270,12 +277,12 @@ class TrainConfig:
     microbatch_size: int = 32
     """Sequences per forward/backward on one rank (gradients accumulate up to a minibatch): a memory
     knob of each device, so it is per rank, while minibatch_size counts the whole minibatch."""
-    keep_freed_memory: bool = False
+    keep_freed_memory: bool | str = "auto"
     """CPU with glibc: keep freed memory in the process between phases instead of handing it back to
     the OS (no malloc_trim after the rollout and the no-grad passes; glibc's mmap and trim thresholds
     at 1 GiB), so Phase B reuses pages instead of page-faulting them in again. Trades a few percent
     more peak RSS for less time per step, most where page faults are expensive (VMs). Process-wide
-    once set (grpolab.memory.keep_freed_memory)."""
+    once set (grpolab.memory.keep_freed_memory). auto: on a CPU."""
     parallel: str = "ddp"
     """Data-parallel strategy when the launcher (torchrun) starts several ranks: ddp (every rank holds
     the whole model and optimizer) or fsdp2 (parameters, gradients and optimizer state sharded over

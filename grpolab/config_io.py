@@ -251,6 +251,9 @@ FIXED_CHOICES: dict[str, tuple] = {
     "train.on_reward_error": ("raise", "zero", "skip_group"),
     "train.parallel": ("ddp", "fsdp2"),
     "data.chat_template": ("auto", True, False),
+    **{name: ("auto", True, False) for name in (
+        "model.compile", "model.padding_free", "model.shared_prompt", "rollout.compile", "rollout.bf16_weights",
+        "rollout.packed_weights", "train.keep_freed_memory")},  # auto: decided at setup (train/speed.py)
     "loss.multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),  # TRL's values
 }
 
@@ -331,7 +334,7 @@ def _check_world(cfg, world: int) -> None:
         if v % world:
             raise _err(f"{name}={v} does not split over the {world} ranks the launcher started (each rank takes "
                        f"{name.split('.')[1]} / world {unit}); set {name} to a multiple of {world}")
-    if cfg.model.compile:
+    if cfg.model.compile is True:
         raise _err(f"model.compile=true runs without a launcher only (not in the {world} rank(s) torchrun "
                    "started); set model.compile=false")
     if cfg.loss.policy_loss == SFT_POLICY_LOSS:
@@ -342,14 +345,14 @@ def _check_choices(cfg) -> None:
     for name, allowed in field_choices().items():
         _choice(get_field(cfg, name), allowed, name)
     r = cfg.rollout
-    if cfg.model.compile_cpp_wrapper and not cfg.model.compile:
+    if cfg.model.compile_cpp_wrapper and cfg.model.compile is False:
         raise _err("model.compile_cpp_wrapper=true applies to compiled forwards; set model.compile=true too")
-    if r.bf16_weights and cfg.model.dtype == "float32":
+    if r.bf16_weights is True and cfg.model.dtype == "float32":
         raise _err("rollout.bf16_weights=true samples in bfloat16 but model.dtype='float32'; "
                    "set model.dtype=bfloat16 (or auto), or leave rollout.bf16_weights=false")
-    if r.packed_weights and (r.compile or cfg.model.dtype == "bfloat16"):
+    if r.packed_weights is True and (r.compile is True or cfg.model.dtype == "bfloat16"):
         raise _err("rollout.packed_weights=true packs float32 weights for the eager decode loop; it does "
-                   f"not combine with {'rollout.compile=true' if r.compile else 'model.dtype=bfloat16'}")
+                   f"not combine with {'rollout.compile=true' if r.compile is True else 'model.dtype=bfloat16'}")
 
 
 def _check_ranges(cfg) -> None:
@@ -423,7 +426,7 @@ def _check_sizes(cfg) -> None:
     world = cfg.world_size
     if "WORLD_SIZE" in os.environ:  # started by torchrun, with one rank or more
         _check_world(cfg, world)
-    if cfg.model.shared_prompt:
+    if cfg.model.shared_prompt is True:
         _check_shared_prompt(cfg)
     if (mb // world) % t.microbatch_size:
         per_rank = mb // world
@@ -526,8 +529,8 @@ def _check_value_head(cfg) -> None:
         raise _err(f"loss.policy_loss={lo.policy_loss!r} has one ratio per sequence; loss.advantage={lo.advantage!r} "
                    "gives one advantage per token: choose a token-level policy loss (e.g. clipped)")
     for name, on in (("model.padding_free", m.padding_free), ("model.shared_prompt", m.shared_prompt),
-                     ("model.compile_scope=model with model.compile", m.compile and m.compile_scope == "model")):
-        if on:
+                     ("model.compile_scope=model with model.compile", m.compile is True and m.compile_scope == "model")):
+        if on is True:
             raise _err(f"{why}, which reads the trunk's hidden states of padded rows: turn {name} off")
     if cfg.world_size > 1:
         raise _err(f"{why} in one process only; start it without torchrun / --nproc")

@@ -25,6 +25,7 @@ from grpolab.train.sft import sft_builtin
 # The demo's settings on top of the grpo_no_kl preset (a KL term can be added with loss.kl_coef=...).
 DEMO_OVERRIDES = [
     "model.hidden_size=128", "model.num_layers=4", "model.num_heads=4",
+    "model.dtype=float32",  # the recipe as measured (auto would pick bf16 on CPUs with native bf16)
     "rollout.prompts_per_step=32", "rollout.group_size=8", "rollout.max_new_tokens=8",
     "train.steps=400", "train.epochs=2", "train.minibatch_size=128", "train.microbatch_size=128",
     "train.lr=1e-4", "train.lr_schedule=cosine", "train.warmup_steps=10", "sft.steps=1500", "sft.batch_size=64", "sft.microbatch_size=64", "sft.lr=1e-3",

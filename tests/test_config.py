@@ -143,7 +143,8 @@ def test_packed_weights_is_for_the_eager_float32_loop():
 
 def test_compile_cpp_wrapper_needs_model_compile():
     with pytest.raises(C.ConfigError, match="model.compile_cpp_wrapper"):
-        C.from_preset("grpo", ["model.compile_cpp_wrapper=true"])
+        C.from_preset("grpo", ["model.compile=false", "model.compile_cpp_wrapper=true"])
+    C.from_preset("grpo", ["model.compile_cpp_wrapper=true"])  # model.compile=auto: applies where it compiles
     assert C.from_preset("grpo", ["model.compile=true", "model.compile_cpp_wrapper=true"]).model.compile_cpp_wrapper
 
 

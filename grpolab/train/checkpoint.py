@@ -429,7 +429,9 @@ def _load_sharded(setup, path: Path, one_process: bool = False) -> None:
 
 
 def config_changes(path: Path, cfg) -> list[str]:
-    """Fields (other than run.*) whose value differs between the checkpoint's config and cfg."""
+    """Fields (other than run.*) whose value differs between the checkpoint's config and cfg. A field cfg
+    leaves at `auto` where the checkpoint holds a value is not a change: the checkpoint's config holds
+    the setup's decisions (`train.speed`), and setup decides again."""
     try:
         saved = yaml.safe_load((path / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
@@ -445,7 +447,8 @@ def config_changes(path: Path, cfg) -> list[str]:
         return out
 
     a, b = flat(saved), flat(now)
-    keys = sorted(k for k in set(a) | set(b) if not k.startswith("run.") and a.get(k) != b.get(k))
+    keys = sorted(k for k in set(a) | set(b)
+                  if not k.startswith("run.") and a.get(k) != b.get(k) and b.get(k) != "auto")
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys]
 
 

@@ -155,6 +155,7 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
     from grpolab.train.rm_refresh import LABELS_FILE
     from grpolab.train.setup import TrainingStopped
     from grpolab.train.signals import StopSignal
+    from grpolab.train.speed import speed_line
 
     par = setup.parallel
     if par.is_main:
@@ -165,6 +166,8 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
         ck.load_checkpoint(setup, resume_from, verify=False)  # resolve_resume verified its files
         if par.is_main:
             print(f"grpolab: resuming after step {setup.start_step} from {resume_from}", file=sys.stderr)
+    if par.is_main and setup.speed:
+        print(f"grpolab: {speed_line(setup.speed)}", file=sys.stderr, flush=True)
     if par.is_main:
         for name in ("metrics.jsonl", "samples.jsonl", WARNINGS_FILE, LABELS_FILE):
             ck.truncate_jsonl(run_dir / name, setup.start_step)

@@ -26,7 +26,9 @@ from grpolab.memory import keep_freed_memory
 from grpolab.models.loading import frozen_copy
 from grpolab.rollout.engine import Engine, build_engine
 from grpolab.train.critic import Critic
+from grpolab.train.compile_cache import use_persistent_cache
 from grpolab.train.rm_refresh import build_rm_refresh
+from grpolab.train.speed import resolve_speed
 from grpolab.train.overlap import Prefetcher
 from grpolab.train.objective import Objective, SkipEmptyRows, build_loss
 
@@ -195,6 +197,8 @@ class Setup:
     """rollout.overlap: the next step's batch in flight (train.overlap.Prefetcher); None otherwise."""
     rm_refresh: Any = None
     """rm_refresh.every_steps > 0: the iterated reward-model updates (train.rm_refresh.RMRefresh)."""
+    speed: list = field(default_factory=list)
+    """The `auto` speed switches as decided for this run (train.speed.Decision); cfg holds their values."""
 
     def __post_init__(self) -> None:
         if self.train_model is None:
@@ -313,9 +317,12 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
         policy, tokenizer = load_policy(cfg)
     policy.train()
     dtype = resolve_compute_dtype(cfg.model.dtype, cfg.model.device)
+    parallel = parallel or Parallel()
+    cfg, speed = resolve_speed(cfg, policy, dtype)  # the `auto` switches, decided once for this run
+    if cfg.model.compile or cfg.rollout.compile:
+        use_persistent_cache()
     forward = LogProbForward.from_config(cfg, dtype)
     train_model = forward.prepare(policy)  # attention switched now, before any rollout
-    parallel = parallel or Parallel()
     reference = reference_factory(cfg, policy, forward, parallel)  # copied before the policy is sharded
     sampler = frozen_copy(policy) if parallel.shards_parameters else policy
     if parallel.active:
@@ -351,5 +358,5 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
         on_reward_error=cfg.train.on_reward_error,
         peak_flops=cfg.run.peak_tflops * 1e12,
         n_params=sum(p.numel() for p in policy.parameters()),
-        train_model=train_model, parallel=parallel, rm_refresh=build_rm_refresh(cfg, rewards),
+        train_model=train_model, parallel=parallel, rm_refresh=build_rm_refresh(cfg, rewards), speed=speed,
     )

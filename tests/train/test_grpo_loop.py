@@ -261,7 +261,7 @@ def test_microbatches_group_rows_of_similar_length():
     """Phase B splits each (random) minibatch into microbatches of rows sorted by length, so a
     microbatch pads to its own longest row; every row is still trained on exactly once."""
     cfg = _cfg("train.epochs=1", "train.minibatch_size=16", "train.microbatch_size=4", "train.steps=3",
-               "rollout.max_new_tokens=8", "rollout.temperature=2.0")
+               "rollout.max_new_tokens=8", "rollout.temperature=2.0", "model.shared_prompt=false")  # padded rows
     s = _setup(cfg)
     seen = []
 

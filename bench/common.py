@@ -53,26 +53,29 @@ class Workload:
     dtype: str = "float32"
     """float32 | bfloat16 (autocast on both sides; master weights fp32)."""
     temperature: float = 1.0
-    grpolab_compile: bool = False
-    """grpolab side only: model.compile (torch.compile of the training and no-grad log-prob forwards)."""
-    grpolab_compile_scope: str = "blocks"
+    grpolab_compile: bool | None = None
+    """grpolab side only: model.compile (torch.compile of the training and no-grad log-prob forwards).
+    None, like every grpolab_* switch: grpolab's default (auto, decided at setup)."""
+    grpolab_compile_scope: str | None = None
     """grpolab side only, with grpolab_compile: model.compile_scope ('blocks' or 'model')."""
-    grpolab_compile_decode: bool = False
+    grpolab_compile_decode: bool | None = None
     """grpolab side only: rollout.compile (static KV cache, torch.compile'd decode step)."""
-    grpolab_cpp_wrapper: bool = False
+    grpolab_cpp_wrapper: bool | None = None
     """grpolab side only, with grpolab_compile: model.compile_cpp_wrapper (inductor's C++ wrapper)."""
-    grpolab_bf16_weights: bool = False
+    grpolab_bf16_weights: bool | None = None
     """grpolab side only, bfloat16: rollout.bf16_weights (sample from a per-rollout bf16 weight copy)."""
-    grpolab_padding_free: bool = False
+    grpolab_padding_free: bool | None = None
     """grpolab side only: model.padding_free (log-prob forwards pack the real tokens)."""
-    grpolab_shared_prompt: bool = False
+    grpolab_shared_prompt: bool | None = None
     """grpolab side only: model.shared_prompt (log-prob forwards compute each group's prompt once)."""
-    grpolab_packed_weights: bool = False
+    grpolab_packed_weights: bool | None = None
     """grpolab side only, float32: rollout.packed_weights (the eager decode on oneDNN-packed weights)."""
-    grpolab_keep_freed_memory: bool = False
+    grpolab_keep_freed_memory: bool | None = None
     """grpolab side only: train.keep_freed_memory (no heap trims between phases; more peak RSS)."""
-    trl_compile: bool = False
-    """TRL side only: TrainingArguments.torch_compile (the Trainer compiles the model it trains)."""
+    trl_compile: bool | None = None
+    """TRL side only: TrainingArguments.torch_compile (None: TRL's default, off)."""
+    trl_gradient_checkpointing: bool | None = None
+    """TRL side only: gradient_checkpointing (None: TRL's default, on: the backward recomputes the forward)."""
 
     @property
     def sequences_per_step(self) -> int:
@@ -94,32 +97,34 @@ class Workload:
 
 
 GRPOLAB_OPTIONS: dict[str, str] = {
-    "compile": "model.compile=true (torch.compile of the log-prob forwards; use --warmup >= 1: the first "
-               "step compiles)",
+    "compile": "model.compile (torch.compile of the log-prob forwards; the first step compiles)",
     "compile_scope": "with compile: model.compile_scope (the transformer blocks, or the whole model as one "
                      "graph; the fixture's fastest: model)",
-    "compile_decode": "rollout.compile=true (static KV cache, compiled decode step; --warmup >= 1)",
-    "cpp_wrapper": "with compile: model.compile_cpp_wrapper=true (small models only)",
-    "bf16_weights": "bfloat16 runs: rollout.bf16_weights=true (a bf16 weight copy for sampling)",
-    "padding_free": "model.padding_free=true (the log-prob forwards compute only real tokens)",
-    "shared_prompt": "model.shared_prompt=true (the log-prob forwards compute each group's prompt once)",
-    "packed_weights": "float32 runs without compile-decode: rollout.packed_weights=true (the decode's linear "
+    "compile_decode": "rollout.compile (static KV cache, compiled decode step)",
+    "cpp_wrapper": "with compile: model.compile_cpp_wrapper (small models only)",
+    "bf16_weights": "bfloat16 runs: rollout.bf16_weights (a bf16 weight copy for sampling)",
+    "padding_free": "model.padding_free (the log-prob forwards compute only real tokens)",
+    "shared_prompt": "model.shared_prompt (the log-prob forwards compute each group's prompt once)",
+    "packed_weights": "float32 runs without compile-decode: rollout.packed_weights (the decode's linear "
                       "layers on oneDNN-packed weights)",
-    "keep_freed_memory": "train.keep_freed_memory=true (no heap trims between phases)",
+    "keep_freed_memory": "train.keep_freed_memory (no heap trims between phases)",
 }
 """The grpolab side's settings of a Workload (its fields `grpolab_<name>`), with their command-line help."""
 
 
 def add_grpolab_flags(parser, prefix: str, help_prefix: str = "") -> None:
-    """One option per GRPOLAB_OPTIONS entry, `--<prefix><name>` (underscores as dashes), stored as the
-    Workload field's name: the benches take the same grpolab settings (`grpolab_options`)."""
+    """One option per GRPOLAB_OPTIONS entry, `--<prefix><name>` / `--no-<prefix><name>` (underscores as
+    dashes; absent: grpolab's default), stored as the Workload field's name: the benches take the same
+    grpolab settings (`grpolab_options`)."""
+    import argparse
+
     for name, text in GRPOLAB_OPTIONS.items():
         flag, dest = "--" + prefix + name.replace("_", "-"), "grpolab_" + name
-        default = getattr(Workload, dest)
-        if isinstance(default, bool):
-            parser.add_argument(flag, dest=dest, action="store_true", help=help_prefix + text)
-        else:  # compile_scope, the one setting that is not a switch
-            parser.add_argument(flag, dest=dest, choices=("blocks", "model"), default=default, help=help_prefix + text)
+        if name == "compile_scope":  # the one setting that is not a switch
+            parser.add_argument(flag, dest=dest, choices=("blocks", "model"), default=None, help=help_prefix + text)
+        else:
+            parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None,
+                                help=help_prefix + text)
 
 
 def grpolab_options(args) -> dict[str, Any]:
@@ -169,6 +174,15 @@ def model_dir(name: str) -> Path:
 
         return resolve_model_path("smollm2-135m-instruct")
     raise ValueError(f"model must be 'tiny' or 'smollm2', got {name!r}")
+
+
+def import_model_code(path: Path) -> None:
+    """Imports transformers' modeling code of the model at `path` (transformers imports it lazily, on
+    the first load: about 2 s, paid by whichever side loads first); the benches call it on both sides
+    before their clocks start, with the other framework imports."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    AutoModelForCausalLM._model_mapping[type(AutoConfig.from_pretrained(path, local_files_only=True))]
 
 
 def load_tokenizer(path: Path):

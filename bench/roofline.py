@@ -39,7 +39,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
-    GRPOLAB_OPTIONS,
     Workload,
     add_grpolab_flags,
     cpu_description,
@@ -94,15 +93,17 @@ def forward_flops(shape: dict, tokens: float, ctx: float, head_positions: float)
     return tokens * per_token + head_positions * 2 * shape["hidden"] * shape["vocab"]
 
 
-def step_flops(shape: dict, w: Workload, prompt_len: float, comp_len: float) -> dict[str, float]:
+def step_flops(shape: dict, w: Workload, prompt_len: float, comp_len: float,
+               shared_prompt: bool | None = None) -> dict[str, float]:
     """FLOPs of the phases of one step, with mean prompt / completion lengths in tokens. The prompts
     are prefilled once per group; the log-prob passes compute them once per group too with
-    `grpolab_shared_prompt`, else once per row. Splitting a pass into prompt and completion tokens
+    `shared_prompt` (default: the workload's `grpolab_shared_prompt`; pass what the run decided), else
+    once per row. Splitting a pass into prompt and completion tokens
     leaves its attention FLOPs as at the mean context (prompt + completion) / 2."""
     n, p = w.sequences_per_step, w.prompts_per_step
     prefill = forward_flops(shape, p * prompt_len, prompt_len / 2, p)
     decode = forward_flops(shape, n * comp_len, prompt_len + comp_len / 2, n * comp_len)
-    prompt_rows = p if w.grpolab_shared_prompt else n
+    prompt_rows = p if (w.grpolab_shared_prompt if shared_prompt is None else shared_prompt) else n
     one_pass = (forward_flops(shape, prompt_rows * prompt_len, prompt_len / 2, 0)
                 + forward_flops(shape, n * comp_len, prompt_len + comp_len / 2, n * comp_len))
     # a Workload's optimizer step covers the whole batch (one minibatch per epoch), so grpolab runs no
@@ -144,14 +145,16 @@ def run(args) -> None:
     timed = res["steps"][res["warmup"]:]
     brackets = [(local[i] + local[i + 1]) / 2 for i in range(res["warmup"], len(res["steps"]))]
     peak = peaks[w.dtype]
-    mode = "".join(f" {name.replace('_', '-')}" for name in GRPOLAB_OPTIONS if getattr(w, "grpolab_" + name) is True)
-    mode += f" (compile scope: {w.grpolab_compile_scope})" if w.grpolab_compile else ""
+    ran = res["speed"]  # the settings as the run decided them (grpolab's auto switches included)
+    mode = "".join(f" {k.split('.')[1].replace('_', '-')}" for k, v in ran.items() if v is True)
+    mode += f" (compile scope: {ran['model.compile_scope']})" if ran["model.compile"] else ""
     print(f"{w.model} {w.dtype}{mode}: P={w.prompts_per_step} G={w.group_size} mean prompt {prompt_len:.1f} tokens")
     print(f"{w.dtype} peak around each timed step (mean of the measurements before and after it): "
           + ", ".join(f"{b / 1e9:.0f}" for b in brackets) + " GFLOP/s")
     print(f"{'phase':9} {'s':>7} {'GFLOP':>8} {'GFLOP/s':>8} {'of peak':>8} {'of local':>8}")
     comp_lens = [r["gen_tokens"] / w.sequences_per_step for r in timed]
-    flops = {name: [step_flops(shape, w, prompt_len, c)[name] for c in comp_lens] for name in PHASES}
+    shared = ran["model.shared_prompt"]
+    flops = {name: [step_flops(shape, w, prompt_len, c, shared)[name] for c in comp_lens] for name in PHASES}
     secs = {name: [r[name] for r in timed] for name in PHASES}
     flops["step"] = [sum(per_step) for per_step in zip(*(flops[name] for name in PHASES))]
     secs["step"] = [sum(per_step) for per_step in zip(*(secs[name] for name in PHASES))]

@@ -1,19 +1,24 @@
 """grpolab vs TRL's GRPOTrainer on the same workload, measured side by side in one run.
 
-    python bench/vs_trl.py                                  # tiny fixture, fp32 and bf16, 3 runs each
-    python bench/vs_trl.py --model smollm2 --steps 2 --prompts 4 --dtype bfloat16 --lr 1e-5 --grpolab-padding-free --grpolab-shared-prompt --grpolab-keep-freed-memory
+    python bench/vs_trl.py                                  # what a user gets: both sides' defaults, 3 runs each
+    python bench/vs_trl.py --model smollm2 --prompts 4 --lr 1e-5   # SmolLM2-135M-Instruct, P = 4
     python bench/vs_trl.py --curve --steps 20 --seeds 0 1 2 # training curves (reward per step)
 
-Each run is a fresh subprocess (clean peak RSS, same start-up), runs `--warmup` untimed steps
-then `--steps` timed ones; the runs alternate grpolab, TRL, grpolab, TRL, ... (`--runs` of each).
-One "step" = one generation round (P × G completions) + μ optimizer steps over it; TRL's
-max_steps counts optimizer steps, so it is given μ × steps. Both sides: same model folder, same
-prompts, same reward (bench/common.py), P, G, max completion length, μ, β (k3 KL, not
-ratio-weighted), clip ε = 0.2, token-mean loss over the optimizer step ("dapo"), constant
-learning rate, AdamW, grad-norm clip 1.0, sample std of the group rewards, same seed.
+Each run is a fresh subprocess (clean peak RSS, same start-up) of `--steps` steps (30: 60 optimizer
+steps with μ = 2); the runs alternate grpolab, TRL, grpolab, TRL, ... (`--runs` of each). The
+headline is the whole run: model loading and trainer setup, then training, compilation included
+(framework imports left out on both sides). One "step" = one generation round (P × G completions) +
+μ optimizer steps over it; TRL's max_steps counts optimizer steps, so it is given μ × steps. Both
+sides: same model folder, same prompts, same reward (bench/common.py), P, G, max completion length,
+μ, β (k3 KL, not ratio-weighted), clip ε = 0.2, token-mean loss over the optimizer step ("dapo"),
+constant learning rate, AdamW, grad-norm clip 1.0, sample std of the group rewards, same seed.
+Every speed setting is each side's default unless a flag sets it (grpolab's `auto` switches as
+decided at setup; TRL's gradient checkpointing on, torch_compile off); the precision is float32 on
+both sides, or bf16 on both where the CPU computes it natively (each side's default there).
 
-Printed per side (median over runs): s/step, steps/s, generated tokens/s, phase times
-(generation, scoring, old+ref log-probs, learning), peak RSS; then grpolab/TRL ratios.
+Printed per side (median over runs): the whole run's seconds and optimizer steps/s, setup, the first
+step, then per-step medians (s/step, generated tokens/s, generation, scoring, old+ref log-probs,
+learning) and peak RSS; the settings each side ran with; then grpolab/TRL ratios.
 TRL is a bench-only dependency (`pip install trl==1.16.0`); it runs on CPU without vLLM.
 """
 
@@ -37,6 +42,7 @@ from common import (
     cpu_description,
     digit_rewards,
     grpolab_options,
+    import_model_code,
     load_tokenizer,
     model_dir,
     peak_rss_mb,
@@ -51,8 +57,9 @@ PHASES = ("generate", "score", "logprob", "learn")
 
 
 def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[], None] | None = None) -> dict:
-    """Runs the workload through grpolab's loop; per-step phase times and peak RSS. between_steps:
-    called once before the first step and after each step, outside every phase timer."""
+    """Runs the workload through grpolab's loop; per-step phase times, the setup and training seconds
+    (`clock`) and peak RSS. between_steps: called once before the first step and after each step,
+    outside every phase timer."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -62,6 +69,8 @@ def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[]
     from grpolab.train import grpo
     from grpolab.train.setup import build_setup
 
+    import_model_code(model_dir(w.model))
+    t0 = time.perf_counter()  # the run: model load and setup, then training (compilation included)
     _register_reward()
     path = model_dir(w.model)
     tok = load_tokenizer(path)
@@ -75,15 +84,7 @@ def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[]
         "loss.std_eps=0.0001", f"train.epochs={w.epochs}", f"train.minibatch_size={w.sequences_per_step}",
         f"train.microbatch_size={w.microbatch_size}", f"train.lr={w.lr}", f"train.seed={w.seed}",
         f"train.steps={warmup + steps}", "train.max_grad_norm=1.0", "run.progress=false",
-        "run.tensorboard=false", "run.peak_tflops=1", "data.max_prompt_tokens=64",
-        f"model.compile={str(w.grpolab_compile).lower()}", f"rollout.compile={str(w.grpolab_compile_decode).lower()}",
-        f"model.compile_cpp_wrapper={str(w.grpolab_compile and w.grpolab_cpp_wrapper).lower()}",
-        f"model.compile_scope={w.grpolab_compile_scope}",
-        f"rollout.bf16_weights={str(w.grpolab_bf16_weights and w.dtype == 'bfloat16').lower()}",
-        f"model.padding_free={str(w.grpolab_padding_free).lower()}",
-        f"model.shared_prompt={str(w.grpolab_shared_prompt).lower()}",
-        f"rollout.packed_weights={str(w.grpolab_packed_weights and w.dtype == 'float32').lower()}",
-        f"train.keep_freed_memory={str(w.grpolab_keep_freed_memory).lower()}",
+        "run.tensorboard=false", "run.peak_tflops=1", "data.max_prompt_tokens=64", *grpolab_overrides(w),
     ])
     cfg = cfg.replace(rewards=[{"name": "bench_digits", "weight": 1.0}])
     torch.manual_seed(w.seed)
@@ -91,14 +92,48 @@ def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[]
     if between_steps is not None:
         between_steps()
         s.hooks.append(lambda *_: between_steps())  # the loop's own per-step hooks, after the step's timers
+    t1 = time.perf_counter()
     rows = grpo.train(s)
+    clock = {"setup_s": t1 - t0, "train_s": time.perf_counter() - t1}
     out = []
     for r in rows:
         tokens = r["len/mean"] * w.sequences_per_step
         out.append({"step_s": r["time/step_s"], "generate": r["time/rollout_s"], "score": r["time/score_s"],
                     "logprob": r["time/logprob_s"], "learn": r["time/learn_s"], "gen_tokens": tokens,
                     "reward": r["reward/mean"], "kl": r["kl"]})
-    return {"steps": out, "warmup": warmup, "peak_rss_mb": peak_rss_mb()}
+    speed = {d.field: d.on for d in s.speed} | {k: get_field(s.cfg, k) for k in SPEED_FIELDS}
+    return {"steps": out, "warmup": warmup, "peak_rss_mb": peak_rss_mb(), **clock, "speed": speed}
+
+
+SPEED_FIELDS = ("model.dtype", "model.compile", "model.compile_scope", "model.padding_free", "model.shared_prompt",
+                "rollout.compile", "rollout.bf16_weights", "rollout.packed_weights", "train.keep_freed_memory")
+"""The grpolab settings a run reports (as it ran them: `auto` ones as decided at setup)."""
+
+
+def get_field(cfg, dotted: str):
+    from grpolab.config_io import get_field as get
+
+    return get(cfg, dotted)
+
+
+def grpolab_overrides(w: Workload) -> list[str]:
+    """The config overrides of the workload's grpolab_* switches that are set (None: grpolab's default)."""
+    bf16 = w.dtype == "bfloat16"
+    fields = {"compile": "model.compile", "compile_scope": "model.compile_scope", "compile_decode": "rollout.compile",
+              "cpp_wrapper": "model.compile_cpp_wrapper", "bf16_weights": "rollout.bf16_weights",
+              "padding_free": "model.padding_free", "shared_prompt": "model.shared_prompt",
+              "packed_weights": "rollout.packed_weights", "keep_freed_memory": "train.keep_freed_memory"}
+    out = []
+    for name, field_name in fields.items():
+        value = getattr(w, "grpolab_" + name)
+        if value is None:
+            continue
+        if name == "cpp_wrapper":
+            value = value and bool(w.grpolab_compile)
+        if name == "bf16_weights" or name == "packed_weights":  # each applies to one compute dtype only
+            value = value and (bf16 if name == "bf16_weights" else not bf16)
+        out.append(f"{field_name}={str(value).lower() if isinstance(value, bool) else value}")
+    return out
 
 
 def _register_reward() -> None:
@@ -122,9 +157,13 @@ def run_trl(w: Workload, steps: int, warmup: int) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    import_model_code(model_dir(w.model))
+    t0 = time.perf_counter()  # the run: model loads and trainer setup, then training (compilation included)
     path = model_dir(w.model)
     tok = load_tokenizer(path)
     ds = Dataset.from_list(prompt_set(model=w.model))
+    optional = {k: v for k, v in (("torch_compile", w.trl_compile),
+                                  ("gradient_checkpointing", w.trl_gradient_checkpointing)) if v is not None}
 
     def reward(prompts, completions, answer, **kw):
         return digit_rewards(completions, answer)
@@ -138,16 +177,18 @@ def run_trl(w: Workload, steps: int, warmup: int) -> dict:
             warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, temperature=w.temperature, top_k=0, top_p=1.0,
             seed=w.seed, bf16=w.dtype == "bfloat16", fp16=False, use_cpu=True,
             max_steps=w.epochs * (warmup + steps), logging_steps=10**6, report_to="none", save_strategy="no",
-            disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
-            gradient_checkpointing=False,  # no recomputation in the backward (TRL turns checkpointing on by default)
-            torch_compile=w.trl_compile,
+            disable_tqdm=True, dataloader_num_workers=0, log_completions=False, **optional,
         )
         trainer = GRPOTrainer(model=str(path), reward_funcs=reward, args=args, train_dataset=ds,
                               processing_class=tok)
         clock = _TrlClock(trainer, w.epochs)
         trainer.add_callback(clock.callback(TrainerCallback))
+        t1 = time.perf_counter()
         trainer.train()
-    return {"steps": clock.rows(), "warmup": warmup, "peak_rss_mb": peak_rss_mb()}
+        times = {"setup_s": t1 - t0, "train_s": time.perf_counter() - t1}
+        speed = {"bf16": args.bf16, "torch_compile": args.torch_compile,
+                 "gradient_checkpointing": args.gradient_checkpointing}
+    return {"steps": clock.rows(), "warmup": warmup, "peak_rss_mb": peak_rss_mb(), **times, "speed": speed}
 
 
 class _TrlClock:
@@ -235,30 +276,39 @@ def spawn(side: str, w: Workload, steps: int, warmup: int, threads: int) -> dict
     raise RuntimeError(f"{side} run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
-def summarize(res: dict) -> dict:
-    """Medians over the timed steps of one run."""
+def summarize(res: dict, epochs: int) -> dict:
+    """One run: the whole run (setup + training, compilation included; `run_s`, optimizer steps per
+    second over it) and the medians over the timed steps."""
     timed = res["steps"][res["warmup"]:]
     med = {k: statistics.median(r[k] for r in timed) for k in ("step_s", *PHASES, "gen_tokens")}
     med["tokens_per_s"] = statistics.median(r["gen_tokens"] / r["generate"] for r in timed)
     med["peak_rss_mb"] = res["peak_rss_mb"]
+    med["setup_s"], med["train_s"] = res["setup_s"], res["train_s"]
+    med["run_s"] = res["setup_s"] + res["train_s"]
+    med["first_step_s"] = res["steps"][0]["step_s"]
+    med["opt_steps_per_s"] = epochs * len(res["steps"]) / med["run_s"]
     return med
 
 
 def report(name: str, runs: dict[str, list[dict]]) -> dict:
-    meds = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for side, rs in runs.items()}
+    meds = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "speed"} for side, rs in runs.items()}
     print(f"\n== {name} (median of {len(next(iter(runs.values())))} runs each; {cpu_description()})")
-    print(f"{'side':8} {'s/step':>7} {'steps/s':>8} {'gen tok/s':>9} " + " ".join(f"{p:>8}" for p in PHASES)
-          + f" {'RSS MB':>7}")
+    print(f"{'side':8} {'run s':>7} {'opt st/s':>8} {'setup':>6} {'1st st':>6} {'s/step':>7} {'gen tok/s':>9} "
+          + " ".join(f"{p:>8}" for p in PHASES) + f" {'RSS MB':>7}")
     for side, m in meds.items():
-        print(f"{side:8} {m['step_s']:7.3f} {1 / m['step_s']:8.3f} {m['tokens_per_s']:9.0f} "
-              + " ".join(f"{m[p]:8.3f}" for p in PHASES) + f" {m['peak_rss_mb']:7.0f}")
+        print(f"{side:8} {m['run_s']:7.1f} {m['opt_steps_per_s']:8.3f} {m['setup_s']:6.1f} {m['first_step_s']:6.2f} "
+              f"{m['step_s']:7.3f} {m['tokens_per_s']:9.0f} " + " ".join(f"{m[p]:8.3f}" for p in PHASES)
+              + f" {m['peak_rss_mb']:7.0f}")
+    for side, rs in runs.items():
+        print(f"{side} settings: " + ", ".join(f"{k}={v}" for k, v in rs[0].get("speed", {}).items()))
     if len(meds) == 2:
         g, t = meds["grpolab"], meds["trl"]
-        print(f"grpolab/TRL: steps/s x{t['step_s'] / g['step_s']:.2f}, generation x{t['generate'] / g['generate']:.2f}, "
-              f"learn x{t['learn'] / g['learn']:.2f}, peak RSS {g['peak_rss_mb'] / t['peak_rss_mb']:.2f}")
-        pairs = [b["step_s"] / a["step_s"] for a, b in zip(runs["grpolab"], runs["trl"])]
+        print(f"grpolab/TRL, whole run: steps/s x{t['run_s'] / g['run_s']:.2f}, peak RSS "
+              f"{g['peak_rss_mb'] / t['peak_rss_mb']:.2f}; per timed step: x{t['step_s'] / g['step_s']:.2f} "
+              f"(generation x{t['generate'] / g['generate']:.2f}, learn x{t['learn'] / g['learn']:.2f})")
+        pairs = [b["run_s"] / a["run_s"] for a, b in zip(runs["grpolab"], runs["trl"])]
         rss = [max(r["peak_rss_mb"] for r in runs[side]) for side in ("grpolab", "trl")]
-        print("per pair (run i of each side): steps/s x" + ", x".join(f"{p:.2f}" for p in pairs)
+        print("per pair (run i of each side), whole run: steps/s x" + ", x".join(f"{p:.2f}" for p in pairs)
               + f"; largest peak RSS {rss[0]:.0f} / {rss[1]:.0f} MB")
     return meds
 
@@ -267,8 +317,8 @@ def workload(args, dtype: str, seed: int) -> Workload:
     """The command line's workload (the speed runs and the training curves use the same settings)."""
     return Workload(model=args.model, prompts_per_step=args.prompts, group_size=args.group_size,
                     max_new_tokens=args.max_new_tokens, epochs=args.epochs, beta=args.beta, lr=args.lr,
-                    microbatch_size=args.microbatch, seed=seed, dtype=dtype,
-                    trl_compile=args.trl_compile, **grpolab_options(args))
+                    microbatch_size=args.microbatch, seed=seed, dtype=dtype, trl_compile=args.trl_compile,
+                    trl_gradient_checkpointing=args.trl_gradient_checkpointing, **grpolab_options(args))
 
 
 def speed(args) -> None:
@@ -279,10 +329,11 @@ def speed(args) -> None:
         for i in range(args.runs):
             for side in args.sides:  # A B A B: both sides see the same machine conditions
                 load = os.getloadavg()[0]
-                med = summarize(spawn(side, w, args.steps, args.warmup, args.threads))
-                med["load"] = load
+                res = spawn(side, w, args.steps, args.warmup, args.threads)
+                med = summarize(res, w.epochs) | {"load": load, "speed": res.get("speed", {})}
                 runs[side].append(med)
-                print(f"run {i + 1} {side:8} {dtype}: {med['step_s']:.3f} s/step, peak RSS {med['peak_rss_mb']:.0f} MB "
+                print(f"run {i + 1} {side:8} {dtype}: run {med['run_s']:.1f} s (setup {med['setup_s']:.1f}, first step "
+                      f"{med['first_step_s']:.2f}), {med['step_s']:.3f} s/step, peak RSS {med['peak_rss_mb']:.0f} MB "
                       f"(load {load:.1f})", flush=True)
         out[dtype] = {"runs": runs, "median": None}
         out[dtype]["median"] = report(f"{args.model} {dtype}, P={w.prompts_per_step} G={w.group_size} "
@@ -313,10 +364,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
     p.add_argument("--dtype", nargs="+", choices=("float32", "bfloat16"), default=None,
-                   help="default: float32, and bfloat16 where this CPU has native bf16 (AVX512-BF16, AMX)")
+                   help="default: each side's default precision where this CPU computes bf16 natively (AVX512-BF16, "
+                   "AMX): bfloat16; else float32 on both sides")
     p.add_argument("--runs", type=int, default=3, help="runs per side (alternating)")
-    p.add_argument("--steps", type=int, default=3, help="timed steps per run")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps per run")
+    p.add_argument("--steps", type=int, default=30,
+                   help="timed steps (generation rounds) per run; each is --epochs optimizer steps")
+    p.add_argument("--warmup", type=int, default=0, help="steps per run left out of the per-step medians "
+                   "(never out of the whole-run time)")
     p.add_argument("--prompts", type=int, default=16, help="prompts per step (P)")
     p.add_argument("--group-size", type=int, default=8, help="G")
     p.add_argument("--max-new-tokens", type=int, default=32)
@@ -326,8 +380,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--microbatch", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     add_grpolab_flags(p, "grpolab-", "grpolab side: ")
-    p.add_argument("--trl-compile", action="store_true",
-                   help="TRL side: torch_compile=True (use --warmup >= 1: the first step compiles)")
+    p.add_argument("--trl-compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="TRL side: torch_compile (absent: TRL's default, off)")
+    p.add_argument("--trl-gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
+                   help="TRL side: gradient_checkpointing (absent: TRL's default, on)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per run (0 = torch's default)")
     p.add_argument("--sides", nargs="+", choices=("grpolab", "trl"), default=["grpolab", "trl"])
     p.add_argument("--curve", action="store_true", help="training curves over --seeds instead of timing")
@@ -343,11 +399,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def default_dtypes() -> list[str]:
-    """float32, and bfloat16 where the CPU computes it natively: elsewhere (an AVX2-only CPU) torch
-    emulates bf16, far slower than float32, and a bf16 run would time the emulation."""
+    """Each side's default precision where the CPU computes bf16 natively (grpolab's model.dtype=auto and
+    TRL's bf16=True are both bf16 there); float32 elsewhere (an AVX2-only CPU), where torch emulates bf16,
+    far slower than float32, and a bf16 run would time the emulation."""
     from grpolab.models.loading import cpu_supports_bf16
 
-    return ["float32", "bfloat16"] if cpu_supports_bf16() else ["float32"]
+    return ["bfloat16"] if cpu_supports_bf16() else ["float32"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -14,7 +14,18 @@ def test_vs_trl_times_bf16_by_default_only_where_it_is_native(monkeypatch):
     assert vs_trl.parse_args([]).dtype == ["float32"]
     assert vs_trl.parse_args(["--dtype", "bfloat16"]).dtype == ["bfloat16"]  # asked for: run it
     monkeypatch.setattr(loading, "cpu_supports_bf16", lambda: True)
-    assert vs_trl.parse_args([]).dtype == ["float32", "bfloat16"]
+    assert vs_trl.parse_args([]).dtype == ["bfloat16"]  # both sides' default precision there
+
+
+def test_without_flags_each_side_runs_its_own_defaults():
+    w = vs_trl.workload(vs_trl.parse_args([]), "float32", 0)
+    assert vs_trl.grpolab_overrides(w) == []  # every grpolab switch left at its default (auto)
+    assert w.trl_compile is None and w.trl_gradient_checkpointing is None  # TRL's own defaults
+    args = vs_trl.parse_args(["--no-grpolab-shared-prompt", "--grpolab-compile", "--no-trl-gradient-checkpointing"])
+    w = vs_trl.workload(args, "float32", 0)
+    assert vs_trl.grpolab_overrides(w) == ["model.compile=true", "model.shared_prompt=false"]
+    assert w.trl_gradient_checkpointing is False
+    assert (args.steps, args.warmup, args.epochs) == (30, 0, 2)  # 60 optimizer steps, the first one timed too
 
 
 def test_both_benches_take_every_grpolab_setting_of_the_workload():

@@ -72,7 +72,8 @@ class PackedRows:
         the padding slots' outputs are dropped and get no gradient."""
         gather, scatter, _ = self.padded
         q, k, v = (to_padded(t, gather) for t in (query, key, value))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=q.shape[1] != k.shape[1])
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling,
+                                             enable_gqa=q.shape[1] != k.shape[1])
         return from_padded(out.transpose(1, 2), scatter)
 
     def packed_attention(self, module, query, key, value, *, scaling=None, dropout=0.0, **kwargs) -> torch.Tensor:

@@ -104,8 +104,8 @@ def compile_pays(cfg, model, steps: int, on_cpu: bool, bf16: bool) -> tuple[bool
 
     Estimate: a step's time is its matmul FLOPs (2 per weight per token: generation, one no-grad pass
     per reference / π_old forward, 3 × the forward per epoch) at `CPU_STEP_FLOP_RATE`; compiling
-    saves the compute dtype's `COMPILE_GAIN` of it per step and costs `compile_cache.COLD_COMPILE_S`. On only where
-    steps × saving > cost."""
+    saves the compute dtype's `COMPILE_GAIN` of it per step and costs `compile_cache.COLD_COMPILE_S`.
+    On only where steps × saving > cost."""
     if not on_cpu:
         return False, "GPU (not measured there)"
     if cfg.model.lora_rank > 0 or cfg.world_size > 1:

@@ -64,6 +64,7 @@ def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[]
     from transformers import AutoModelForCausalLM
 
     from grpolab import config as C
+    from grpolab.config_io import get_field
     from grpolab.data.arith import PromptItem
     from grpolab.data.stream import ListStream
     from grpolab.train import grpo
@@ -101,19 +102,13 @@ def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[]
         out.append({"step_s": r["time/step_s"], "generate": r["time/rollout_s"], "score": r["time/score_s"],
                     "logprob": r["time/logprob_s"], "learn": r["time/learn_s"], "gen_tokens": tokens,
                     "reward": r["reward/mean"], "kl": r["kl"]})
-    speed = {d.field: d.on for d in s.speed} | {k: get_field(s.cfg, k) for k in SPEED_FIELDS}
+    speed = {k: get_field(s.cfg, k) for k in SPEED_FIELDS}  # s.cfg holds the auto switches as decided
     return {"steps": out, "warmup": warmup, "peak_rss_mb": peak_rss_mb(), **clock, "speed": speed}
 
 
 SPEED_FIELDS = ("model.dtype", "model.compile", "model.compile_scope", "model.padding_free", "model.shared_prompt",
                 "rollout.compile", "rollout.bf16_weights", "rollout.packed_weights", "train.keep_freed_memory")
 """The grpolab settings a run reports (as it ran them: `auto` ones as decided at setup)."""
-
-
-def get_field(cfg, dotted: str):
-    from grpolab.config_io import get_field as get
-
-    return get(cfg, dotted)
 
 
 def grpolab_overrides(w: Workload) -> list[str]:

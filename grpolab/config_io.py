@@ -528,8 +528,9 @@ def _check_value_head(cfg) -> None:
     if lo.policy_loss in SEQUENCE_LEVEL:
         raise _err(f"loss.policy_loss={lo.policy_loss!r} has one ratio per sequence; loss.advantage={lo.advantage!r} "
                    "gives one advantage per token: choose a token-level policy loss (e.g. clipped)")
+    whole_model = m.compile is True and m.compile_scope == "model"
     for name, on in (("model.padding_free", m.padding_free), ("model.shared_prompt", m.shared_prompt),
-                     ("model.compile_scope=model with model.compile", m.compile is True and m.compile_scope == "model")):
+                     ("model.compile_scope=model with model.compile", whole_model)):
         if on is True:
             raise _err(f"{why}, which reads the trunk's hidden states of padded rows: turn {name} off")
     if cfg.world_size > 1:

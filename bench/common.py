@@ -96,20 +96,20 @@ class Workload:
         return Workload(**json.loads(text))
 
 
-GRPOLAB_OPTIONS: dict[str, str] = {
-    "compile": "model.compile (torch.compile of the log-prob forwards; the first step compiles)",
-    "compile_scope": "with compile: model.compile_scope (the transformer blocks, or the whole model as one "
-                     "graph; the fixture's fastest: model)",
-    "compile_decode": "rollout.compile (static KV cache, compiled decode step)",
-    "cpp_wrapper": "with compile: model.compile_cpp_wrapper (small models only)",
-    "bf16_weights": "bfloat16 runs: rollout.bf16_weights (a bf16 weight copy for sampling)",
-    "padding_free": "model.padding_free (the log-prob forwards compute only real tokens)",
-    "shared_prompt": "model.shared_prompt (the log-prob forwards compute each group's prompt once)",
-    "packed_weights": "float32 runs without compile-decode: rollout.packed_weights (the decode's linear "
-                      "layers on oneDNN-packed weights)",
-    "keep_freed_memory": "train.keep_freed_memory (no heap trims between phases)",
+GRPOLAB_OPTIONS: dict[str, tuple[str, str]] = {
+    "compile": ("model.compile", "torch.compile of the log-prob forwards; the first step compiles"),
+    "compile_scope": ("model.compile_scope", "with compile: the transformer blocks, or the whole model as one graph"),
+    "compile_decode": ("rollout.compile", "static KV cache, compiled decode step"),
+    "cpp_wrapper": ("model.compile_cpp_wrapper", "with compile; small models only"),
+    "bf16_weights": ("rollout.bf16_weights", "bfloat16 runs: a bf16 weight copy for sampling"),
+    "padding_free": ("model.padding_free", "the log-prob forwards compute only real tokens"),
+    "shared_prompt": ("model.shared_prompt", "the log-prob forwards compute each group's prompt once"),
+    "packed_weights": ("rollout.packed_weights", "float32 runs without compile-decode: the decode's linear layers "
+                       "on oneDNN-packed weights"),
+    "keep_freed_memory": ("train.keep_freed_memory", "no heap trims between phases"),
 }
-"""The grpolab side's settings of a Workload (its fields `grpolab_<name>`), with their command-line help."""
+"""The grpolab side's settings of a Workload (its fields `grpolab_<name>`): the config field each sets, and
+its command-line help."""
 
 
 def add_grpolab_flags(parser, prefix: str, help_prefix: str = "") -> None:
@@ -118,8 +118,9 @@ def add_grpolab_flags(parser, prefix: str, help_prefix: str = "") -> None:
     grpolab settings (`grpolab_options`)."""
     import argparse
 
-    for name, text in GRPOLAB_OPTIONS.items():
+    for name, (field_name, help_text) in GRPOLAB_OPTIONS.items():
         flag, dest = "--" + prefix + name.replace("_", "-"), "grpolab_" + name
+        text = f"{field_name} ({help_text})"
         if name == "compile_scope":  # the one setting that is not a switch
             parser.add_argument(flag, dest=dest, choices=("blocks", "model"), default=None, help=help_prefix + text)
         else:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
+    GRPOLAB_OPTIONS,
     Workload,
     add_grpolab_flags,
     cpu_description,
@@ -106,27 +107,24 @@ def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[]
     return {"steps": out, "warmup": warmup, "peak_rss_mb": peak_rss_mb(), **clock, "speed": speed}
 
 
-SPEED_FIELDS = ("model.dtype", "model.compile", "model.compile_scope", "model.padding_free", "model.shared_prompt",
-                "rollout.compile", "rollout.bf16_weights", "rollout.packed_weights", "train.keep_freed_memory")
+SPEED_FIELDS = ("model.dtype", *(field_name for field_name, _ in GRPOLAB_OPTIONS.values()))
 """The grpolab settings a run reports (as it ran them: `auto` ones as decided at setup)."""
+
+ONE_DTYPE_ONLY = {"bf16_weights": "bfloat16", "packed_weights": "float32"}
+"""grpolab switches that apply to one compute dtype only: set off in runs of the other."""
 
 
 def grpolab_overrides(w: Workload) -> list[str]:
     """The config overrides of the workload's grpolab_* switches that are set (None: grpolab's default)."""
-    bf16 = w.dtype == "bfloat16"
-    fields = {"compile": "model.compile", "compile_scope": "model.compile_scope", "compile_decode": "rollout.compile",
-              "cpp_wrapper": "model.compile_cpp_wrapper", "bf16_weights": "rollout.bf16_weights",
-              "padding_free": "model.padding_free", "shared_prompt": "model.shared_prompt",
-              "packed_weights": "rollout.packed_weights", "keep_freed_memory": "train.keep_freed_memory"}
     out = []
-    for name, field_name in fields.items():
+    for name, (field_name, _) in GRPOLAB_OPTIONS.items():
         value = getattr(w, "grpolab_" + name)
         if value is None:
             continue
         if name == "cpp_wrapper":
             value = value and bool(w.grpolab_compile)
-        if name == "bf16_weights" or name == "packed_weights":  # each applies to one compute dtype only
-            value = value and (bf16 if name == "bf16_weights" else not bf16)
+        if name in ONE_DTYPE_ONLY:
+            value = value and w.dtype == ONE_DTYPE_ONLY[name]
         out.append(f"{field_name}={str(value).lower() if isinstance(value, bool) else value}")
     return out
 

@@ -116,7 +116,7 @@ def run(args) -> None:
     import torch
 
     set_threads(args.threads)
-    from grpolab.models.loading import cpu_supports_bf16
+    from grpolab.hardware import cpu_supports_bf16
 
     # Without native bf16 (e.g. an AVX2-only CPU) torch emulates it, far slower than float32: a large
     # bf16 GEMM then takes very long, so its peak is measured only where it is native or the run uses it.

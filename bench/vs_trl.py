@@ -395,7 +395,7 @@ def default_dtypes() -> list[str]:
     """Each side's default precision where the CPU computes bf16 natively (grpolab's model.dtype=auto and
     TRL's bf16=True are both bf16 there); float32 elsewhere (an AVX2-only CPU), where torch emulates bf16,
     far slower than float32, and a bf16 run would time the emulation."""
-    from grpolab.models.loading import cpu_supports_bf16
+    from grpolab.hardware import cpu_supports_bf16
 
     return ["bfloat16"] if cpu_supports_bf16() else ["float32"]
 

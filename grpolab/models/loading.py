@@ -29,12 +29,14 @@ import json
 import os
 import re
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from grpolab.hardware import cpu_supports_bf16
 from grpolab.optional import package_dir, require
 
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -65,26 +67,9 @@ def load_tokenizer(path):
 # --------------------------------------------------------------------------- dtype
 
 
-def cpu_supports_bf16() -> bool:
-    """True if this CPU has native bf16 arithmetic (x86 AVX512-BF16 or AMX-BF16, ARM BF16).
-
-    Other CPUs run bf16 autocast too, but emulated and usually slower than fp32.
-    """
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:  # not Linux: no cheap reliable probe, stay on fp32
-        return False
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            flags = set(value.split())
-            return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-    return False
-
-
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
     """The torch.dtype for "float32", "bfloat16" (or a torch.dtype); "auto" = bf16 where `device`
-    supports it natively (CUDA: `torch.cuda.is_bf16_supported()`; CPU: `cpu_supports_bf16()`),
+    supports it natively (CUDA: `torch.cuda.is_bf16_supported()`; CPU: `grpolab.hardware.cpu_kind()`),
     else fp32. Meant as the autocast dtype; see the module docstring for master weights."""
     if isinstance(dtype, torch.dtype):
         if dtype not in (torch.float32, torch.bfloat16):
@@ -135,6 +120,9 @@ def convert_gguf(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | No
     src = Path(gguf_path).expanduser()
     if not src.is_file():
         raise FileNotFoundError(f"GGUF file not found: {src}")
+    with open(src, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{src} is not a GGUF file: it does not start with the GGUF magic bytes")
     require("gguf", "gguf")
     digest = file_sha256(src)
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / "gguf"
@@ -171,8 +159,9 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
     try:
         model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kw)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, **kw)
-    except (ValueError, KeyError) as e:
-        raise ValueError(f"cannot read GGUF {path} as a causal LM with transformers: {e}") from e
+    except (ValueError, KeyError, struct.error, EOFError) as e:  # struct.error, EOFError: a cut file
+        raise ValueError(f"cannot read GGUF {path} as a causal LM with transformers: "
+                         f"{type(e).__name__}: {e}") from e
     return model, tokenizer
 
 

@@ -23,7 +23,7 @@ from grpolab.report.progress import Progress
 from grpolab.rewards.base import build_reward, probe_rewards
 from grpolab.forward import LogProbForward
 from grpolab.memory import keep_freed_memory
-from grpolab.models.loading import frozen_copy
+from grpolab.models.loading import frozen_copy, resolve_dtype
 from grpolab.rollout.engine import Engine, build_engine
 from grpolab.train.critic import Critic
 from grpolab.train.compile_cache import use_persistent_cache
@@ -62,16 +62,8 @@ def apply_threads(cfg: Config) -> Config:
 
 
 def resolve_compute_dtype(name: str, device: str) -> torch.dtype | None:
-    """None (plain fp32) or torch.bfloat16 for autocast."""
-    if name == "float32":
-        return None
-    if name == "bfloat16":
-        return torch.bfloat16
-    if torch.device(device).type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    from grpolab.models.loading import cpu_supports_bf16
-
-    return torch.bfloat16 if cpu_supports_bf16() else None
+    """None (plain fp32) or torch.bfloat16 for autocast: model.dtype resolved (auto: `resolve_dtype`)."""
+    return None if resolve_dtype(name, device) == torch.float32 else torch.bfloat16
 
 
 def load_policy(cfg: Config):

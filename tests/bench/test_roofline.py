@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import grpolab.models.loading as loading
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
@@ -50,12 +49,12 @@ def test_without_native_bf16_only_the_fp32_peak_is_measured(capsys, monkeypatch)
     # an emulated bf16 GEMM of 2048³ takes ~15 s a call on an AVX2-only CPU: a float32 run there
     # measures the fp32 peak alone
     measured = []
-    monkeypatch.setattr(loading, "cpu_supports_bf16", lambda: False)
+    monkeypatch.setenv("GRPOLAB_CPU_KIND", "avx2")
     monkeypatch.setattr(roofline, "gemm_peak", lambda dtype, *a, **k: measured.append(dtype) or 100e9)
     roofline.run(roofline.parse_args(["--dtype", "float32", "--peak-only"]))
     assert measured == [torch.float32]
     assert "bf16 not measured" in capsys.readouterr().out
-    monkeypatch.setattr(loading, "cpu_supports_bf16", lambda: True)
+    monkeypatch.setenv("GRPOLAB_CPU_KIND", "avx512_bf16")
     measured.clear()
     roofline.run(roofline.parse_args(["--dtype", "float32", "--peak-only"]))
     assert measured == [torch.float32, torch.bfloat16]

@@ -3,17 +3,16 @@
 import sys
 from pathlib import Path
 
-import grpolab.models.loading as loading
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import vs_trl  # noqa: E402
 
 
 def test_vs_trl_times_bf16_by_default_only_where_it_is_native(monkeypatch):
-    monkeypatch.setattr(loading, "cpu_supports_bf16", lambda: False)
+    monkeypatch.setenv("GRPOLAB_CPU_KIND", "avx2")
     assert vs_trl.parse_args([]).dtype == ["float32"]
     assert vs_trl.parse_args(["--dtype", "bfloat16"]).dtype == ["bfloat16"]  # asked for: run it
-    monkeypatch.setattr(loading, "cpu_supports_bf16", lambda: True)
+    monkeypatch.setenv("GRPOLAB_CPU_KIND", "avx512_bf16")
     assert vs_trl.parse_args([]).dtype == ["bfloat16"]  # both sides' default precision there
 
 

@@ -106,10 +106,12 @@ def test_not_a_causal_lm_is_refused(tmp_path):
         load_model(tmp_path)
 
 
-def test_resolve_dtype():
+@pytest.mark.parametrize("kind,expected", [("avx2", torch.float32), ("avx512_bf16", torch.bfloat16),
+                                           ("amx", torch.bfloat16), ("other", torch.float32)])
+def test_resolve_dtype(kind, expected, monkeypatch):
+    monkeypatch.setenv("GRPOLAB_CPU_KIND", kind)
     assert resolve_dtype("float32") is torch.float32
     assert resolve_dtype("bfloat16") is torch.bfloat16
-    expected = torch.bfloat16 if loading.cpu_supports_bf16() else torch.float32
     assert resolve_dtype("auto", "cpu") is expected
     with pytest.raises(ValueError, match="float16"):
         resolve_dtype("float16")

@@ -282,7 +282,8 @@ class TrainConfig:
     the OS (no malloc_trim after the rollout and the no-grad passes; glibc's mmap and trim thresholds
     at 1 GiB), so Phase B reuses pages instead of page-faulting them in again. Trades a few percent
     more peak RSS for less time per step, most where page faults are expensive (VMs). Process-wide
-    once set (grpolab.memory.keep_freed_memory). auto: on a CPU."""
+    once set (grpolab.memory.keep_freed_memory). auto: on a CPU, except under FSDP2 on several ranks
+    (the gathered layers it frees would stay in every rank's peak)."""
     parallel: str = "ddp"
     """Data-parallel strategy when the launcher (torchrun) starts several ranks: ddp (every rank holds
     the whole model and optimizer) or fsdp2 (parameters, gradients and optimizer state sharded over

@@ -15,7 +15,8 @@ The rules (measured in bench/vs_trl.py; bench/README.md has the figures per host
   (`SHORT_ATTENTION_MAX_TOKENS`), or for models at least `WIDE_MODEL_HIDDEN` wide (elsewhere the
   per-row attention of a narrow model costs more than the padding it saves);
 - packed_weights: float32 eager decode on a CPU, models at least `WIDE_MODEL_HIDDEN` wide;
-- keep_freed_memory: on a CPU;
+- keep_freed_memory: on a CPU, except under FSDP2 on several ranks (each layer's gathered
+  parameters are freed after use; kept, those pages add to every rank's peak);
 - model.compile and rollout.compile: only where the planned run recovers the compile time
   (`compile_pays`); bf16_weights goes with a compiled decode in bf16.
 The two layouts and the compile stay off on GPUs under auto: they were not measured there.
@@ -145,7 +146,9 @@ def decide(cfg, model, compute_dtype, steps: int) -> list[Decision]:
                else "" if _hidden(model) >= WIDE_MODEL_HIDDEN else f"hidden {_hidden(model)} < {WIDE_MODEL_HIDDEN}")
         out.append(Decision("rollout.packed_weights", not why, why or f"float32 decode, hidden {_hidden(model)}"))
     if cfg.train.keep_freed_memory == AUTO:
-        out.append(Decision("train.keep_freed_memory", on_cpu, "CPU" if on_cpu else "GPU"))
+        sharded = cfg.world_size > 1 and cfg.train.parallel == "fsdp2"
+        why = "GPU" if not on_cpu else "FSDP2 frees gathered layers: kept pages raise the peak" if sharded else ""
+        out.append(Decision("train.keep_freed_memory", not why, why or "CPU"))
     return out
 
 
@@ -162,3 +165,25 @@ def speed_line(decisions: list[Decision]) -> str:
     on = [f"{d.field} ({d.why})" for d in decisions if d.on]
     off = [f"{d.field} ({d.why})" for d in decisions if not d.on]
     return "speed (auto): on: " + (", ".join(on) or "none") + "; off: " + (", ".join(off) or "none")
+
+
+def host_report(preset: str = "grpo") -> str:
+    """What this host is and what `auto` decides on it for `grpolab train PRESET` (the built-in tiny
+    model): the CPU line, the compute dtype, the speed line. `python -m grpolab.train.speed [PRESET]`."""
+    from grpolab import config as C
+    from grpolab.hardware import describe_cpu
+    from grpolab.models.loading import resolve_dtype
+    from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
+
+    cfg = C.from_preset(preset)
+    model = build_tiny_model(build_char_tokenizer(), hidden_size=cfg.model.hidden_size,
+                             num_layers=cfg.model.num_layers, num_heads=cfg.model.num_heads)
+    dtype = resolve_dtype(cfg.model.dtype, cfg.model.device)
+    line = speed_line(decide(cfg, model, None if dtype == torch.float32 else dtype, cfg.train.steps))
+    return f"{describe_cpu()}\n{preset}: model.dtype={cfg.model.dtype} -> {str(dtype).removeprefix('torch.')}; {line}"
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(host_report(*sys.argv[1:2]))

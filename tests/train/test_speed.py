@@ -112,3 +112,52 @@ def test_compiled_runs_keep_their_graphs_in_grpolabs_cache_unless_the_user_chose
     assert use_persistent_cache() == str(tmp_path / "inductor") and (tmp_path / "inductor").is_dir()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert use_persistent_cache() == str(tmp_path / "mine")
+
+
+# Per CPU kind (grpolab.hardware: GRPOLAB_CPU_KIND makes `auto` decide as that kind would, on any host).
+# kind -> (compute dtype, padding_free, packed_weights) for the narrow model and rows of 256 + 16 tokens.
+KINDS = {"avx2": (None, False, False), "avx512_bf16": (torch.bfloat16, True, False),
+         "amx": (torch.bfloat16, True, False), "other": (None, False, False)}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_each_cpu_kind_decides_the_dtype_and_the_switches_that_follow_it(kind, monkeypatch):
+    from grpolab.train.setup import resolve_compute_dtype
+
+    monkeypatch.setenv("GRPOLAB_CPU_KIND", kind)
+    dtype, padding_free, packed = KINDS[kind]
+    cfg = _cfg()
+    assert cfg.model.dtype == "auto" and resolve_compute_dtype(cfg.model.dtype, cfg.model.device) == dtype
+    long_run = _decided(cfg, _model(256), dtype, steps=10**6)
+    assert long_run["model.padding_free"].on is padding_free
+    assert long_run["model.compile"].on is (dtype is not None)  # float32: compiling measured no faster
+    assert long_run["rollout.bf16_weights"].on is (dtype is not None)
+    assert _decided(cfg, _model(64), dtype)["rollout.packed_weights"].on is packed
+    assert _decided(cfg, _model(512), dtype)["rollout.packed_weights"].on is (dtype is None)
+    assert resolve_compute_dtype("float32", "cpu") is None  # an explicit dtype is kept on every kind
+
+
+@pytest.mark.parametrize("parallel,ranks,kept", [("ddp", 1, True), ("ddp", 2, True), ("fsdp2", 2, False),
+                                                  ("fsdp2", 1, True)])
+def test_keep_freed_memory_follows_the_parallel_strategy(parallel, ranks, kept, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", str(ranks))
+    decided = _decided(_cfg(f"train.parallel={parallel}"))["train.keep_freed_memory"]
+    assert decided.on is kept, decided.why
+    assert kept or "FSDP2" in decided.why
+
+
+@pytest.mark.parametrize("kind", ["avx2", "avx512_bf16", "amx"])
+def test_a_tiny_run_trains_under_each_cpu_kind(kind, monkeypatch):
+    from grpolab.train import grpo
+    from grpolab.train.setup import build_setup
+
+    monkeypatch.setenv("GRPOLAB_CPU_KIND", kind)
+    setup = build_setup(_cfg("train.steps=2", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+                             "rollout.max_new_tokens=4", "loss.entropy_coef=0.01", "train.lr=1e-2"))
+    assert setup.forward.compute_dtype == KINDS[kind][0]
+    before = [p.detach().clone() for p in setup.policy.parameters()]
+    rows = []
+    setup.hooks.append(lambda step, row, record: rows.append(row))
+    grpo.train(setup)
+    assert len(rows) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(before, setup.policy.parameters()))

@@ -16,7 +16,8 @@ from grpolab.train.setup import build_setup
 def _cfg(*ov):
     base = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=5",
             "train.steps=2", "train.minibatch_size=8", "train.microbatch_size=8", "train.epochs=2",
-            "train.lr=1e-3", "data.eval_prompts=8", "run.tensorboard=false", "run.progress=false"]
+            "train.lr=1e-3", "data.eval_prompts=8", "run.tensorboard=false", "run.progress=false",
+            "model.dtype=float32"]  # exactness and invariance are float32 checks (auto picks bf16 on CPUs with native bf16)
     return C.from_preset("grpo", base + list(ov))
 
 

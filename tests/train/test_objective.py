@@ -19,7 +19,7 @@ def test_skip_empty_rows_keeps_the_gradient_and_the_logprobs(shared_prompt):
     model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, seed=0).double()
     cfg = C.from_preset("dapo", ["rollout.prompts_per_step=4", "rollout.group_size=2", "train.minibatch_size=8",
                                  "train.microbatch_size=8", "run.tensorboard=false", "run.progress=false",
-                                 f"model.shared_prompt={str(shared_prompt).lower()}"])
+                                 f"model.shared_prompt={str(shared_prompt).lower()}", "model.dtype=float32"])
     s = build_setup(cfg, policy=model, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))
     assert isinstance(s.objective, SkipEmptyRows)  # loss.filter_zero_std_groups can empty rows
     plain: Objective = s.objective.objective
@@ -53,7 +53,8 @@ def test_skip_empty_rows_of_an_all_empty_microbatch_gives_a_zero_loss_with_a_gra
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=0)
     cfg = C.from_preset("dapo", ["rollout.prompts_per_step=2", "rollout.group_size=2", "train.minibatch_size=4",
-                                 "train.microbatch_size=4", "run.tensorboard=false", "run.progress=false"])
+                                 "train.microbatch_size=4", "run.tensorboard=false", "run.progress=false",
+                                 "model.dtype=float32"])
     s = build_setup(cfg, policy=model, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))
     ro = s.engine.generate([it.prompt for it in s.prompts.next_batch(2)], 2, generator=torch.Generator().manual_seed(0))
     ro = ro.replace(loss_mask=torch.zeros_like(ro.loss_mask), advantages=torch.ones(4))

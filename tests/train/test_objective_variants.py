@@ -35,7 +35,7 @@ def _rewards(*names: str) -> list[dict]:
 def _cfg(*ov: str) -> C.Config:
     base = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=5", "train.steps=1",
             "train.minibatch_size=16", "train.microbatch_size=8", "train.epochs=1", "train.lr=1e-3",
-            "data.eval_prompts=8", "run.tensorboard=false", "run.progress=false"]
+            "data.eval_prompts=8", "run.tensorboard=false", "run.progress=false", "model.dtype=float32"]  # exactness and invariance are float32 checks (auto picks bf16 on CPUs with native bf16)
     return C.from_preset("grpo", base + list(ov)).replace(rewards=_rewards("t43_char_sum"))
 
 

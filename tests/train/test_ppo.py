@@ -25,7 +25,8 @@ from grpolab.train.setup import build_setup
 
 TINY = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=5", "train.steps=2",
         "train.minibatch_size=8", "train.microbatch_size=4", "train.epochs=2", "train.lr=1e-3",
-        "data.eval_prompts=8", "run.tensorboard=false", "run.progress=false"]
+        "data.eval_prompts=8", "run.tensorboard=false", "run.progress=false",
+        "model.dtype=float32"]  # exactness and invariance are float32 checks (auto picks bf16 on CPUs with native bf16)
 VALUE_KEYS = ("value/loss", "value/clip_frac", "value/mean", "value/explained_var")
 
 

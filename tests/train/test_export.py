@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ def _train(tmp_path, *overrides) -> Path:
     code = main(["train", "grpo", "train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=2",
                  "train.minibatch_size=8", "train.microbatch_size=8", "model.hidden_size=32", "model.num_layers=2",
                  "train.lr=1e-2", "run.checkpoint_every=1", "run.tensorboard=false", "run.progress=false",
+                 "model.dtype=float32",  # greedy tokens compared exactly: float32 numerics on every CPU kind
                  f"run.out_dir={out}", *overrides])
     assert code == 0
     return out
@@ -37,6 +39,8 @@ def test_exported_folder_loads_with_transformers_and_gives_the_runs_greedy_token
     from grpolab import config as C
     from grpolab.train.setup import load_policy
 
+    if lora and importlib.util.find_spec("peft") is None:
+        pytest.skip("LoRA needs the lora extra: pip install -e '.[lora]'")
     run = _train(tmp_path, *(["model.lora_rank=4", "loss.kl_coef=0.0"] if lora else []))
     for step in (None, 1):
         out = tmp_path / f"export-{step}"

@@ -22,8 +22,12 @@ def _demo(args) -> int:
                                accuracy_rm=args.accuracy_rm))
     if args.out:
         cfg = cfg.replace(**{"run.out_dir": args.out})
+    if args.resume and args.overwrite:
+        from grpolab.config import ConfigError
+
+        raise ConfigError("--resume continues the demo in --out and --overwrite moves it aside: choose one")
     run_demo(cfg, report=not args.no_report, rewards=args.rewards, overwrite=args.overwrite,
-             rm_options={"accuracy": args.accuracy_rm} if args.rewards == "rm" else None)
+             rm_options={"accuracy": args.accuracy_rm} if args.rewards == "rm" else None, resume=args.resume)
     return 0
 
 
@@ -319,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the policy's samples), or is 3 outcome RMs (ensemble: the lowest counts)")
     d.add_argument("overrides", nargs="*", help="config overrides, e.g. train.steps=50")
     d.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    d.add_argument("--resume", action="store_true",
+                   help="continue a stopped demo in --out from its last checkpoint (same flags as before)")
     d.set_defaults(fn=_demo)
 
     t = sub.add_parser("train", help="GRPO (or any preset of the spectrum) from a YAML config or a preset name")

@@ -6,6 +6,7 @@ of both SFT and GRPO (see grpolab/data/arith.py).
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from grpolab import config as C
 from grpolab.data.build import arith_eval_items, arith_task
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model, count_params
 from grpolab.report.progress import Progress
+from grpolab.train.checkpoint import resolve_resume, step_of
 from grpolab.train.evaluate import evaluate_policy
 from grpolab.train.run import make_run_dir, train_in_run_dir, write_config, write_eval
 from grpolab.train.rundir import mark_finished
@@ -61,13 +63,25 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def build_pi0(cfg: C.Config, run_dir: Path):
-    """Tiny model + tokenizer, SFT'd briefly on the task's training side (few refusal examples)."""
+RMS_FILE = "demo_rms.json"
+"""reward_models/demo_rms.json: the trained RMs' paths and held-out accuracies, read back by --resume."""
+
+
+def build_pi0(cfg: C.Config, run_dir: Path, reuse: bool = False):
+    """Tiny model + tokenizer, SFT'd briefly on the task's training side (few refusal examples);
+    reuse: load the π0 that run_dir/pi0 holds instead (a resumed demo)."""
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, hidden_size=cfg.model.hidden_size, num_layers=cfg.model.num_layers,
                              num_heads=cfg.model.num_heads, seed=cfg.train.seed)
     task = arith_task(cfg)
     _say(f"[demo] model: {count_params(model) / 1e6:.2f}M params")
+    if reuse:
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(run_dir / "pi0" / "model.safetensors"), strict=False)
+        model.tie_weights()
+        _say(f"[demo] π0 from {run_dir / 'pi0'}")
+        return model, tok, task
     sft_builtin(model, tok, task, cfg, say=_say)
     model.save_pretrained(run_dir / "pi0")
     tok.save_pretrained(run_dir / "pi0")
@@ -75,19 +89,26 @@ def build_pi0(cfg: C.Config, run_dir: Path):
 
 
 def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, policy=None, w_acc: float = 1.0, w_ref: float = 1.0,
-                       rm_options: dict | None = None):
+                       rm_options: dict | None = None, reuse: bool = False):
     """Trains the accuracy and refusal reward models (seed 000) and puts them in the config as the
     GRPO rewards: reward = w_acc·RM_acc + w_ref·RM_ref, each RM a learned verifier: 1 when its
     calibrated probability that the completion is right (a logistic fit on its own training pairs)
     exceeds 1/2, else 0, so that a group it judges all wrong gives no advantage, as a rule check's
     would; the rule checks follow at weight 0 (GOLD). policy (π0): half of the accuracy RM's training
     pairs reject its own sampled mistakes. rm_options: keyword arguments of build_demo_reward_models
-    (e.g. steps; accuracy: "process" unless given). Returns (config, {name: held-out pair accuracy})."""
+    (e.g. steps; accuracy: "process" unless given). reuse: the RMs that run_dir holds (RMS_FILE), if
+    it holds them. Returns (config, {name: held-out pair accuracy})."""
     from grpolab.train.reward_model_demo import build_demo_reward_models
 
-    _say("[demo] training the accuracy and refusal reward models")
-    rms = build_demo_reward_models(task, tok, run_dir / "reward_models", seed=cfg.train.seed, policy=policy,
-                                   progress=_say, **{"accuracy": "process", **(rm_options or {})})
+    record = run_dir / "reward_models" / RMS_FILE
+    if reuse and record.is_file():
+        _say(f"[demo] the accuracy and refusal reward models of {record.parent}")
+        rms = json.loads(record.read_text())
+    else:
+        _say("[demo] training the accuracy and refusal reward models")
+        rms = build_demo_reward_models(task, tok, run_dir / "reward_models", seed=cfg.train.seed, policy=policy,
+                                       progress=_say, **{"accuracy": "process", **(rm_options or {})})
+        record.write_text(json.dumps(rms, indent=2, default=str))
     weights = {"accuracy_rm": w_acc, "refusal_rm": w_ref}
     judge = {"normalize": "calibrated", "threshold": 0.5}  # each RM a learned verifier (see RewardModelReward)
     specs = [{"name": "reward_model", "label": name, "weight": weights[name],
@@ -122,28 +143,36 @@ def refreshed_heldout(setup, task, seed: int) -> dict[str, float]:
 
 
 def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True, rewards: str = "rules",
-             overwrite: bool = False, rm_options: dict | None = None) -> dict:
+             overwrite: bool = False, rm_options: dict | None = None, resume: bool = False) -> dict:
     """Runs the whole demo; returns the eval.json payload. rewards: rules (exact match + refusal
     checks) or rm (two learned reward models, trained first with `rm_options`, the rule checks
-    logged beside them as the gold); evaluation always uses the exact rule checks."""
+    logged beside them as the gold); evaluation always uses the exact rule checks. resume: continue
+    the demo in cfg.run.out_dir from its last GRPO checkpoint (π0 and the RMs as saved there; from
+    the start where none was saved yet), to the same result as an uninterrupted run."""
+    if resume and not (run_dir or cfg.run.out_dir):
+        raise C.ConfigError("demo --resume needs the demo's folder: add --out DIR")
     eval_items = arith_eval_items(cfg)  # fails here, before any training, if the held-out side is too small
     torch.manual_seed(cfg.train.seed)
-    run_dir = run_dir or make_run_dir(cfg, "demo", command="demo", overwrite=overwrite)
+    run_dir = run_dir or make_run_dir(cfg, "demo", command="demo", overwrite=overwrite, resume=resume)
+    resume_from = resolve_resume("auto", run_dir, say=_say, checkpoint_every=cfg.run.checkpoint_every) if resume else None
     write_config(cfg, run_dir)
     t0 = time.perf_counter()
-    model, tok, task = build_pi0(cfg, run_dir)
+    model, tok, task = build_pi0(cfg, run_dir, reuse=resume_from is not None)
     rm_acc = {}
     if rewards == "rm":
-        cfg, rm_acc = with_reward_models(cfg, task, tok, run_dir, policy=model, rm_options=rm_options)
+        cfg, rm_acc = with_reward_models(cfg, task, tok, run_dir, policy=model, rm_options=rm_options,
+                                         reuse=resume_from is not None)
         write_config(cfg, run_dir)
     pi0_eval = evaluate_policy(model, tok, cfg, items=eval_items)  # what `grpolab eval` reports
     before = pi0_eval["arith"]
     _say(f"[eval] π0: accuracy {before['accuracy']:.3f} refusal_recall {before['refusal_recall']:.3f} "
          f"false_refusal {before['false_refusal']:.3f}")
-    progress = Progress(cfg.train.steps, enabled=cfg.run.progress)
+    start = min(step_of(resume_from), cfg.train.steps) if resume_from is not None else 0
+    progress = Progress(cfg.train.steps, enabled=cfg.run.progress, start_step=start)
     setup = build_setup(cfg, policy=model, tokenizer=tok, progress=progress)
     rm_on_policy = {"pi0": rm_policy_accuracy(setup, model, tok, eval_items, cfg)} if rm_acc else {}
-    code = train_in_run_dir(setup, run_dir)  # metrics, samples, checkpoints, final/
+    code = train_in_run_dir(setup, run_dir, resume_from,  # metrics, samples, checkpoints, final/
+                            resume_hint=f"the same command plus --resume --out {run_dir}")
     if code != 0:
         raise SystemExit(code)
     final_eval = evaluate_policy(model, tok, cfg, items=eval_items)

@@ -82,3 +82,46 @@ def test_demo_with_reward_models_logs_the_gold_and_refreshes_the_accuracy_rm(tmp
     assert (tmp_path / "reward_models_refreshed" / "accuracy_rm" / "grpolab_rm.json").is_file()
     # the proxy-vs-gold plot: each trained-on RM's mean beside the verifier's accuracy
     assert 'alt="reward/accuracy_rm/mean, reward/refusal_rm/mean, accuracy"' in (tmp_path / "report.html").read_text()
+
+
+def test_a_stopped_demo_continues_with_the_command_it_names_to_the_same_result(tmp_path):
+    """SIGTERM in the middle of GRPO: the demo stops after a checkpoint, names `--resume --out DIR`, and
+    that command finishes with the same weights, metrics and evaluation as an uninterrupted demo."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch
+    from safetensors.torch import load_file
+
+    small = ["run.progress=false", "train.steps=6", "sft.steps=20", "sft.stop_at_accuracy=0",
+             "data.eval_prompts=16", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+             "rollout.prompts_per_step=4", "train.minibatch_size=16", "train.microbatch_size=16",
+             "run.checkpoint_every=1", "run.threads=1"]
+    base = [sys.executable, "-m", "grpolab.cli", "demo", "--quick", "--no-report", *small]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    subprocess.run([*base, "--out", str(whole)], check=True, capture_output=True, timeout=600)
+    proc = subprocess.Popen([*base, "--out", str(cut)], stderr=subprocess.PIPE, text=True,
+                            stdout=subprocess.DEVNULL)
+    metrics = cut / "metrics.jsonl"
+    while proc.poll() is None and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1]
+    os.kill(proc.pid, signal.SIGTERM)
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    hint = f"--resume --out {cut}"
+    assert hint in err, err
+    assert not (cut / "eval.json").exists()
+    resumed = subprocess.run([*base, *hint.split()], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming after step" in resumed.stderr
+    torch.testing.assert_close(load_file(cut / "final" / "model.safetensors"),
+                               load_file(whole / "final" / "model.safetensors"), rtol=0, atol=0)
+    timing = ("time/", "tokens_per_s/", "mfu")
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(timing)} for r in rows]
+    assert strip(read_metrics(cut / "metrics.jsonl")) == strip(read_metrics(whole / "metrics.jsonl"))
+    ev_cut, ev_whole = (json.loads((d / "eval.json").read_text()) for d in (cut, whole))
+    assert {k: v for k, v in ev_cut.items() if k != "wall_s"} == {k: v for k, v in ev_whole.items() if k != "wall_s"}

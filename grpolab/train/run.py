@@ -141,13 +141,14 @@ def write_eval(run_dir: Path, payload: dict) -> None:
     tmp.replace(run_dir / "eval.json")
 
 
-def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> int:
+def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None, resume_hint: str = "") -> int:
     """Runs the GRPO loop of `setup` in run_dir; returns the process exit code.
 
     resume_from: a complete checkpoint to restore first (metrics.jsonl and samples.jsonl are cut
     back to its step; a fresh start empties them). Checkpoints follow run.checkpoint_every, the
     last step, and SIGTERM/SIGINT (finish the step, save, exit 128 + signal number). The numerics
     guard (TrainingStopped) saves the last good state and exits 3. Done: final/ holds the model.
+    resume_hint: the command that continues the run, said when it stops (default: `grpolab train`'s).
     """
     from grpolab.train import checkpoint as ck
     from grpolab.train import grpo
@@ -158,6 +159,7 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
     from grpolab.train.speed import speed_line
 
     par = setup.parallel
+    resume_hint = resume_hint or f"the same command plus --resume run.out_dir={run_dir}"
     if par.is_main:
         ck.remove_stale_tmp(run_dir / ck.CHECKPOINTS)
     if resume_from is not None:
@@ -188,10 +190,10 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
         return 3
     except Exception as e:
         if not par.active:
-            _save_after_crash(hook)
+            _save_after_crash(hook, resume_hint)
         else:  # saving would wait for the other ranks forever: the last complete checkpoint stands
             print(f"grpolab: rank {par.rank} stops on {type(e).__name__}: {' '.join(str(e).split())[:300]}; "
-                  f"continue from the last complete checkpoint ({hook.last or 'none yet'}) with --resume",
+                  f"continue from the last complete checkpoint ({hook.last or 'none yet'}) with {resume_hint}",
                   file=sys.stderr)
         raise
     finally:
@@ -206,7 +208,7 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
             hook.save()
         if par.is_main:
             print(f"grpolab: stopped by {signal.Signals(signum).name} after {hook.done} of {setup.cfg.train.steps} "
-                  f"steps; checkpoint {hook.last}. Continue with the same command plus --resume.", file=sys.stderr)
+                  f"steps; checkpoint {hook.last}. Continue with {resume_hint}.", file=sys.stderr)
         return 128 + signum
     save_final(setup, run_dir / "final")
     if par.is_main and setup.rm_refresh is not None:  # the refreshed reward models, as RM folders
@@ -236,7 +238,7 @@ def save_final(setup, folder: Path) -> None:
     setup.parallel.barrier()
 
 
-def _save_after_crash(hook) -> None:
+def _save_after_crash(hook, resume_hint: str) -> None:
     """Saves the step boundary when a step failed before updating the policy; never masks the error."""
     try:
         path = hook.save_on_error()
@@ -245,4 +247,4 @@ def _save_after_crash(hook) -> None:
         return
     if path is not None:
         print(f"grpolab: the state before the failed step is saved in {path}; fix the cause and continue "
-              "with --resume", file=sys.stderr)
+              f"with {resume_hint}", file=sys.stderr)

@@ -19,7 +19,7 @@ import functools
 import gc
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +58,8 @@ class HFEngine:
     """The policy that `generate` samples from (shared with the trainer: no copy of its weights)."""
     weight_version: int = 0
     """Optimizer phases behind the sampled weights (`load_weights`)."""
+    _released: list = field(default_factory=list, repr=False)
+    """(parameter, bytes) of the weights `release_weights` freed, until `load_weights` fills them again."""
 
     def generate(self, prompts: Sequence[str], group_size: int, *, generator: torch.Generator | None = None,
                  greedy: bool = False) -> Rollout:
@@ -65,6 +67,8 @@ class HFEngine:
         if self.model is None:
             raise ValueError("HFEngine.generate: no model to sample from; build the engine with model=... "
                              "or call generate_with(model, ...)")
+        if self._released:
+            raise RuntimeError("HFEngine.generate: the weights were released; load_weights must come first")
         return self.generate_with(self.model, prompts, group_size, generator=generator, greedy=greedy)
 
     def decode(self, rollout: Rollout) -> list[str]:
@@ -77,6 +81,7 @@ class HFEngine:
         item at a time as `state` yields them (an FSDP2 policy's full weights are gathered lazily)."""
         if self.model is None:
             raise ValueError("HFEngine.load_weights: no model to load the weights into")
+        self._restore_storage()
         own = self.model.state_dict()
         unknown = [k for k in state if k not in own]
         if unknown or len(state) != len(own):
@@ -88,6 +93,27 @@ class HFEngine:
                 if value.data_ptr() != own[key].data_ptr():
                     own[key].copy_(value)
         self.weight_version = version
+
+    def release_weights(self) -> None:
+        """Frees the memory of the engine's own weight copy until the next `load_weights` fills it again
+        (FSDP2: the full sampling copy is idle while the sharded policy learns). Only for an engine
+        that samples from a copy of its own: never call it on one that shares the trainer's policy."""
+        if self.model is None or self._released:
+            return
+        seen = set()
+        for p in self.model.parameters():
+            storage = p.untyped_storage()
+            if storage.data_ptr() not in seen:  # tied weights: one storage, freed once
+                seen.add(storage.data_ptr())
+                self._released.append((storage, storage.nbytes()))
+        for storage, _ in self._released:
+            storage.resize_(0)
+        release_free_memory()
+
+    def _restore_storage(self) -> None:
+        for storage, nbytes in self._released:
+            storage.resize_(nbytes)
+        self._released = []
 
     def encode_prompts(self, prompts: Sequence[str], device) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids [P, Lp] and attention mask [P, Lp] bool (left whatever the tokenizer's

@@ -49,6 +49,8 @@ def train(s: Setup) -> list[dict]:
             if s.critic is not None:  # PPO: per-token advantages and returns by GAE over V_old
                 ro = s.critic.advantages(ro, shaped)
         # ---------------- Phase B: learning on the frozen rollout.
+        if s.release_sampler:  # FSDP2: the engine's own full copy is idle until the sync below refills it
+            s.engine.release_weights()
         with st.timer("learn"):
             learn(s, ro, st)
         with st.timer("sync"):  # the next rollout samples π_new (rollout workers: the weights are sent)

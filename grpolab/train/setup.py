@@ -171,6 +171,9 @@ class Setup:
     progress: Any = None
     hooks: list = field(default_factory=list)
     start_step: int = 0
+    release_sampler: bool = False
+    """FSDP2 with the local HF engine and no overlap: the engine's own weight copy is freed during
+    Phase B (`HFEngine.release_weights`) and refilled by the sync after it."""
     on_reward_error: str = "raise"
     consecutive_skips: int = 0
     peak_flops: float = 0.0
@@ -351,4 +354,6 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
         peak_flops=cfg.run.peak_tflops * 1e12,
         n_params=sum(p.numel() for p in policy.parameters()),
         train_model=train_model, parallel=parallel, rm_refresh=build_rm_refresh(cfg, rewards), speed=speed,
+        release_sampler=(parallel.shards_parameters and not cfg.rollout.overlap and not cfg.rollout.workers
+                         and cfg.rollout.engine == "hf"),
     )

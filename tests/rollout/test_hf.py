@@ -75,3 +75,22 @@ def test_prompts_are_left_padded_whatever_the_tokenizers_padding_side(tiny):
     batch = engine.decode(engine.generate(prompts, 1, greedy=True))
     alone = [engine.decode(engine.generate([p], 1, greedy=True))[0] for p in prompts]
     assert batch == alone
+
+
+def test_an_engines_own_copy_is_freed_until_load_weights_fills_it_again(tiny):
+    """FSDP2's sampling copy: release_weights frees its storage (tied weights once), generate refuses
+    until load_weights, which restores every tensor; samples then equal the source policy's."""
+    from grpolab.models.loading import frozen_copy
+
+    model, tok = tiny
+    eng = HFEngine(tok, max_new_tokens=6, model=frozen_copy(model))
+    before = eng.generate(PROMPTS, 2, generator=torch.Generator().manual_seed(0))
+    eng.release_weights()
+    assert all(p.untyped_storage().nbytes() == 0 for p in eng.model.parameters())
+    with pytest.raises(RuntimeError, match="load_weights"):
+        eng.generate(PROMPTS, 2, generator=torch.Generator().manual_seed(0))
+    eng.load_weights(1, model.state_dict())
+    for name, p in eng.model.state_dict().items():
+        assert torch.equal(p, model.state_dict()[name]), name
+    after = eng.generate(PROMPTS, 2, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(after.input_ids, before.input_ids) and eng.weight_version == 1

@@ -1,0 +1,156 @@
+"""The token-level record of one agent episode, and a batch of episodes as the trainer's tensors.
+
+An episode's ids are its prompt ids, then segments: policy turns (the sampled ids as sampled, with
+the sampler's log-prob of each) and environment turns (template deltas, delta.py). Only policy
+tokens are trained: `policy_mask` is True exactly on them. With one policy turn and no environment
+turn after it, `to_tensors` gives today's Rollout layout (rollout/types.py, rollout/hf.py):
+
+    row = [left padding | prompt (Lp columns) | body = the segments (Lb columns) | right padding]
+    attention_mask: True on prompt and body tokens; policy_mask == Rollout.loss_mask (the completion
+    through its EOS); sampler_logp == Rollout.sampler_logp (0 off the mask); pad after the body.
+
+The trainer's loss mask is then `policy_mask` (& not truncated, where truncated episodes are masked).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Sequence
+
+import torch
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of ids from one source. policy: sampled by the policy (trained); else environment text
+    (context only). logps: the sampler's log-prob of each id [len(ids)] for a policy segment, None else."""
+
+    ids: tuple[int, ...]
+    policy: bool
+    logps: tuple[float, ...] | None = None
+
+
+@dataclass
+class Episode:
+    """One episode, as the driver (driver.py) records it turn by turn.
+
+    prompt_ids: [Lp_i] the opening messages rendered with the generation prompt. segments: policy
+    and environment turns in order. messages: the text transcript (opening messages, assistant turns
+    as decoded for the environment, environment/tool messages); for logs and rewards, never training.
+    turns: policy turns. tool_calls / tool_errors: calls parsed, and failed calls by kind
+    (tools.ERROR_KINDS). rewards: (policy turn index from 0, reward) for each step that gave one.
+    done: the environment (or, tools only, a turn without a tool call) ended it. truncated: it was
+    cut (stop_reason "max_turns", "max_turn_tokens" or "max_episode_tokens"); else stop_reason "done".
+    """
+
+    prompt_ids: list[int]
+    segments: list[Segment] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: Counter = field(default_factory=Counter)
+    rewards: list[tuple[int, float]] = field(default_factory=list)
+    done: bool = False
+    truncated: bool = False
+    stop_reason: str = ""
+
+    def add_policy(self, ids: Sequence[int], logps: Sequence[float]) -> None:
+        """Appends a policy turn: its sampled ids [n] and their sampler log-probs [n]."""
+        if len(ids) != len(logps):
+            raise ValueError(f"Episode.add_policy: {len(ids)} ids but {len(logps)} log-probs")
+        self.segments.append(Segment(tuple(int(i) for i in ids), True, tuple(float(x) for x in logps)))
+        self.turns += 1
+
+    def add_env(self, ids: Sequence[int]) -> None:
+        """Appends an environment turn's ids (a template delta)."""
+        self.segments.append(Segment(tuple(int(i) for i in ids), False))
+
+    def finish(self, stop_reason: str, truncated: bool) -> "Episode":
+        """Marks the end: why, and whether it was cut (then not done). Returns the episode."""
+        self.stop_reason, self.truncated, self.done = stop_reason, truncated, not truncated
+        return self
+
+    @property
+    def body_ids(self) -> list[int]:
+        """[Lb_i]: every id after the prompt."""
+        return [i for s in self.segments for i in s.ids]
+
+    @property
+    def ids(self) -> list[int]:
+        """[Lp_i + Lb_i]: the whole episode."""
+        return list(self.prompt_ids) + self.body_ids
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + sum(len(s.ids) for s in self.segments)
+
+    @property
+    def policy_mask(self) -> list[bool]:
+        """[Lb_i]: True where the policy sampled the token."""
+        return [s.policy for s in self.segments for _ in s.ids]
+
+    @property
+    def sampler_logp(self) -> list[float]:
+        """[Lb_i]: the sampler's log-probs on policy tokens, 0.0 elsewhere."""
+        return [x for s in self.segments for x in (s.logps if s.policy else (0.0,) * len(s.ids))]
+
+    @property
+    def turn_index(self) -> list[int]:
+        """[Lb_i]: the policy turn (from 0) of each policy token; -1 on environment tokens."""
+        out, turn = [], 0
+        for s in self.segments:
+            out += [turn if s.policy else -1] * len(s.ids)
+            turn += s.policy
+        return out
+
+    @property
+    def reward(self) -> float | None:
+        """The sum of the step rewards, None when no step gave one."""
+        return sum(r for _, r in self.rewards) if self.rewards else None
+
+
+class EpisodeTensors(NamedTuple):
+    """A batch of N episodes in the Rollout layout (module docstring). T = Lp + Lb."""
+
+    input_ids: torch.Tensor
+    """[N, T] int64: left-padded prompt, body, right padding (pad_id)."""
+    attention_mask: torch.Tensor
+    """[N, T] bool: True on prompt and body tokens."""
+    prompt_len: int
+    """Lp: the longest prompt; the body starts at column Lp in every row."""
+    policy_mask: torch.Tensor
+    """[N, Lb] bool: True = the policy sampled this body token (trained); False = environment or padding."""
+    sampler_logp: torch.Tensor
+    """[N, Lb] float32: the sampler's log-probs on policy tokens, 0 elsewhere."""
+    turn_index: torch.Tensor
+    """[N, Lb] int64: the policy turn of each policy token, -1 elsewhere (environment, padding)."""
+    truncated: torch.Tensor
+    """[N] bool: the episode was cut (Episode.truncated)."""
+
+
+def to_tensors(episodes: Sequence[Episode], pad_id: int) -> EpisodeTensors:
+    """The episodes as tensors: prompts left-padded to Lp = the longest prompt, bodies right-padded to
+    Lb = the longest body (both with `pad_id`). Shapes and meanings: EpisodeTensors."""
+    if not episodes:
+        raise ValueError("to_tensors: no episodes")
+    n = len(episodes)
+    lp = max(len(e.prompt_ids) for e in episodes)
+    lb = max(len(e.body_ids) for e in episodes)
+    input_ids = torch.full((n, lp + lb), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, lp + lb), dtype=torch.bool)
+    policy = torch.zeros((n, lb), dtype=torch.bool)
+    logp = torch.zeros((n, lb), dtype=torch.float32)
+    turn = torch.full((n, lb), -1, dtype=torch.long)
+    for row, e in enumerate(episodes):
+        p, body = len(e.prompt_ids), e.body_ids
+        input_ids[row, lp - p : lp] = torch.tensor(e.prompt_ids, dtype=torch.long)
+        input_ids[row, lp : lp + len(body)] = torch.tensor(body, dtype=torch.long)
+        attention[row, lp - p : lp + len(body)] = True
+        policy[row, : len(body)] = torch.tensor(e.policy_mask, dtype=torch.bool)
+        logp[row, : len(body)] = torch.tensor(e.sampler_logp, dtype=torch.float32)
+        turn[row, : len(body)] = torch.tensor(e.turn_index, dtype=torch.long)
+    truncated = torch.tensor([e.truncated for e in episodes], dtype=torch.bool)
+    return EpisodeTensors(input_ids, attention, lp, policy, logp, turn, truncated)

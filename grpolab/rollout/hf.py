@@ -94,6 +94,11 @@ class HFEngine:
                     own[key].copy_(value)
         self.weight_version = version
 
+    @property
+    def released(self) -> bool:
+        """Whether `release_weights` freed the weights and no `load_weights` has filled them yet."""
+        return bool(self._released)
+
     def release_weights(self) -> None:
         """Frees the memory of the engine's own weight copy until the next `load_weights` fills it again
         (FSDP2: the full sampling copy is idle while the sharded policy learns). Only for an engine
@@ -177,7 +182,7 @@ class HFEngine:
 
     def _forward(self, model, cache=None, **kw):
         if cache is not None:  # transformers 5.x renamed past_key_values to cache
-            kw[_cache_kwarg(type(model))] = cache
+            kw[cache_kwarg(type(model))] = cache
         with autocast(self.compute_dtype, str(kw["input_ids"].device)):
             out = model(use_cache=True, logits_to_keep=1, **kw)
         return getattr(out, "cache", None) or out.past_key_values, out.logits[:, -1].float()
@@ -248,7 +253,7 @@ class HFEngine:
         n, next_pos = am.shape[0], next_pos[:, None]
         mask = F.pad(am.long(), (0, self.max_new_tokens))  # [N, width + T]: the whole static cache
         tokens, samp_lp, finished = self._outputs(n, pad, ids.device)
-        step, kwarg, steps = static.compiled_step(), _cache_kwarg(type(model)), 0
+        step, kwarg, steps = static.compiled_step(), cache_kwarg(type(model)), 0
         for t in range(self.max_new_tokens):
             tok, lp = self._next_tokens(logits, generator, greedy)
             tokens[:, t] = tok.masked_fill(finished, pad)
@@ -264,7 +269,7 @@ class HFEngine:
 
 
 @functools.lru_cache(maxsize=None)
-def _cache_kwarg(model_cls) -> str:
+def cache_kwarg(model_cls) -> str:
     """transformers 5.x renamed the forward's past_key_values to cache; looked up once per class."""
     import inspect
 

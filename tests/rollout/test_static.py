@@ -85,7 +85,7 @@ def test_a_model_without_a_static_cache_uses_the_eager_loop(tiny, monkeypatch):
 
 
 def _cache_kwarg(model) -> str:
-    from grpolab.rollout.hf import _cache_kwarg as kwarg
+    from grpolab.rollout.hf import cache_kwarg as kwarg
 
     return kwarg(type(model))
 

@@ -65,7 +65,7 @@ def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[]
     from transformers import AutoModelForCausalLM
 
     from grpolab import config as C
-    from grpolab.config_io import get_field
+    from grpolab.config.validation import get_field
     from grpolab.data.arith import PromptItem
     from grpolab.data.stream import ListStream
     from grpolab.train import grpo

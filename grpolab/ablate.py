@@ -158,7 +158,7 @@ class Ablation:
 def _config(preset: str, shared: Sequence[str], user: Sequence[str], own: Sequence[str] = ()) -> C.Config:
     """The preset, then `shared`, the preset's Phase-B sizes at this step size, `user`, the preset's own
     step sizes (`_step_sizes`), `own`; validated."""
-    from grpolab.config_io import apply_overrides
+    from grpolab.config.io import apply_overrides
 
     merged = apply_overrides(C.Config(), [*shared, *user, *own])  # not validated yet
     sizes = _step_sizes(preset, merged.rollout.prompts_per_step, merged.train.steps)

@@ -1,9 +1,9 @@
 """The config reference, generated from the dataclasses of grpolab.config (`grpolab config PRESET`).
 
 Every field is listed with its value in the given config, its type and its docstring (the string
-literal right after the field in config.py, read with `ast`), plus, for enumerated fields, the
-allowed values with a line each, read from the registries (config_io.registry_choices) or the
-fixed lists (config_io.FIXED_CHOICES). Nothing here is written by hand, so it cannot go stale.
+literal right after the field in its section's module, read with `ast`), plus, for enumerated fields,
+the allowed values with a line each, read from the registries (config.validation.registry_choices) or the
+fixed lists (config.validation.FIXED_CHOICES). Nothing here is written by hand, so it cannot go stale.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from grpolab import config_io
+from grpolab.config.io import dump_value
+from grpolab.config.validation import FIXED_CHOICES, describe, registry_choices
 from grpolab.algo.advantages import VALUE_BASED
 from grpolab.config import Config, RewardSpec
 
@@ -65,7 +66,7 @@ def _reward_names() -> dict[str, str]:
     for name in sorted(entries):
         entry = entries[name]
         verifier = entry.verifier if entry.verifier is not None else getattr(entry.factory, "verifier", False)
-        out[name] = ("[verifier] " if verifier is True else "") + config_io.describe(entry.factory)
+        out[name] = ("[verifier] " if verifier is True else "") + describe(entry.factory)
     return out
 
 
@@ -76,7 +77,7 @@ def _section(obj: Any, prefix: str, choices: dict[str, dict[str, str]]) -> list[
     for f in dataclasses.fields(cls):
         path = f"{prefix}.{f.name}"
         value = getattr(obj, f.name)
-        out.append(FieldDoc(path, type_name(hints[f.name]), config_io.dump_value(value), docs.get(f.name, ""),
+        out.append(FieldDoc(path, type_name(hints[f.name]), dump_value(value), docs.get(f.name, ""),
                             choices.get(path, {})))
     return out
 
@@ -86,20 +87,20 @@ def _rewards(cfg: Config, docs: dict[str, str], hints: dict[str, Any]) -> list[F
     out = [FieldDoc("rewards", type_name(hints["rewards"]), "", docs.get("rewards", ""))]
     for i, spec in enumerate(cfg.rewards):
         values = {f.name: getattr(spec, f.name) for f in dataclasses.fields(RewardSpec)}
-        out.append(FieldDoc(f"rewards[{i}]", "RewardSpec", config_io.dump_value(values), ""))
+        out.append(FieldDoc(f"rewards[{i}]", "RewardSpec", dump_value(values), ""))
     spec_docs, spec_hints = attribute_docs(RewardSpec), typing.get_type_hints(RewardSpec)
     for f in dataclasses.fields(RewardSpec):
         values = [getattr(s, f.name) for s in cfg.rewards]
         names = _reward_names() if f.name == "name" else {}
-        out.append(FieldDoc(f"rewards[].{f.name}", type_name(spec_hints[f.name]), config_io.dump_value(values),
+        out.append(FieldDoc(f"rewards[].{f.name}", type_name(spec_hints[f.name]), dump_value(values),
                             spec_docs.get(f.name, ""), names, open_choices=bool(names)))
     return out
 
 
 def reference_entries(cfg: Config) -> list[FieldDoc]:
     """Every field of `cfg` (sections in order, then each field), as FieldDocs."""
-    choices: dict[str, dict[str, str]] = dict(config_io.registry_choices())
-    for name, allowed in config_io.FIXED_CHOICES.items():
+    choices: dict[str, dict[str, str]] = dict(registry_choices())
+    for name, allowed in FIXED_CHOICES.items():
         choices[name] = {v: "" for v in allowed}
     docs, hints = attribute_docs(Config), typing.get_type_hints(Config)
     out = []
@@ -111,7 +112,7 @@ def reference_entries(cfg: Config) -> list[FieldDoc]:
         elif f.name == "rewards":
             out.extend(_rewards(cfg, docs, hints))
         else:
-            out.append(FieldDoc(f.name, type_name(hints[f.name]), config_io.dump_value(value), docs.get(f.name, "")))
+            out.append(FieldDoc(f.name, type_name(hints[f.name]), dump_value(value), docs.get(f.name, "")))
     return out
 
 

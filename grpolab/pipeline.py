@@ -39,7 +39,7 @@ from typing import Any, Callable
 import yaml
 
 from grpolab import config as C
-from grpolab.config_io import key_lines, dump_yaml, from_mapping
+from grpolab.config.io import key_lines, dump_yaml, from_mapping
 from grpolab.errors import ConfigError
 from grpolab.train.rundir import move_aside, read_run
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from grpolab import config as C
-from grpolab.config_io import get_field
+from grpolab.config.validation import get_field
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.train.speed import AUTO, compile_pays, decide, resolve_speed, speed_line
 

@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import re
 import textwrap
 import typing
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ def type_name(tp: Any) -> str:
     """A readable annotation: 'int', 'float | None', 'tuple[RewardSpec, ...]'."""
     if isinstance(tp, type) and not typing.get_args(tp):
         return tp.__name__
-    return str(tp).replace("typing.", "").replace(f"{Config.__module__}.", "")
+    return re.sub(r"grpolab\.config\.\w+\.", "", str(tp).replace("typing.", ""))
 
 
 def _reward_names() -> dict[str, str]:

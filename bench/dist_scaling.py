@@ -188,7 +188,7 @@ def run_worker(args: argparse.Namespace) -> dict:
     """One rank (or the one process): build the setup, train, write rank<R>.json to --out."""
     import torch
 
-    from grpolab.dist.launch import close_parallel, init_parallel
+    from grpolab.parallel.launch import close_parallel, init_parallel
     from grpolab.train import grpo
     from grpolab.train.setup import build_setup, resolve_compute_dtype
 

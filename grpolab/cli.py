@@ -41,12 +41,12 @@ def _train(args) -> int:
     if args.ray is not None and not os.environ.get("GRPOLAB_RAY_TRAINER"):  # the driver: ranks become actors
         return _named_errors(_train_on_ray, args)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:  # start torchrun, which runs this command per rank
-        from grpolab.dist.launch import strip_nproc, torchrun_command
+        from grpolab.parallel.launch import strip_nproc, torchrun_command
 
         cmd = torchrun_command(args.nproc, strip_nproc(args.argv))
         print("grpolab: " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
         os.execv(cmd[0], cmd)  # signals reach torchrun, which forwards them to the ranks
-    from grpolab.dist.launch import close_parallel
+    from grpolab.parallel.launch import close_parallel
 
     try:
         return _named_errors(_train_run, args)
@@ -55,7 +55,7 @@ def _train(args) -> int:
 
 
 def _train_on_ray(args) -> int:
-    from grpolab.dist.ray_launch import run_on_ray, strip_ray
+    from grpolab.parallel.ray_launch import run_on_ray, strip_ray
 
     argv = strip_ray(args.argv)
     if args.ray and "=" in args.ray:  # `--ray key=value`: an override, not an address (strip_ray kept it)
@@ -104,7 +104,7 @@ def _train_run(args) -> int:
 def train_from_cfg(cfg, overwrite: bool = False) -> int:
     """`grpolab train` of a loaded config: run directory, resume (run.resume), the loop, final/."""
     from grpolab.config import ConfigError
-    from grpolab.dist.launch import init_parallel
+    from grpolab.parallel.launch import init_parallel
     from grpolab.report.progress import Progress
     from grpolab.train.checkpoint import resolve_resume, step_of
     from grpolab.train.run import make_run_dir, train_in_run_dir, write_config

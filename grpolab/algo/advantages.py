@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
-"""Sums a tensor over the data-parallel ranks (e.g. `dist.parallel.Parallel.all_reduce_sum`)."""
+"""Sums a tensor over the data-parallel ranks (e.g. `parallel.parallel.Parallel.all_reduce_sum`)."""
 
 
 def no_reduce(x: torch.Tensor) -> torch.Tensor:

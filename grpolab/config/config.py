@@ -70,7 +70,7 @@ class Config:
     @property
     def world_size(self) -> int:
         """Data-parallel ranks, as the launcher set them (torchrun's WORLD_SIZE; 1 without one)."""
-        from grpolab.dist.launch import launch_world_size
+        from grpolab.parallel.launch import launch_world_size
 
         return launch_world_size()
 

@@ -57,7 +57,7 @@ class RolloutConfig:
     workers: int = 0
     """Rollout workers: 0 = generate in the training process; N = N Ray actors, each running rollout.engine on
     its own copy of the weights (synced after every optimizer phase), whole groups spread over them. Starts a
-    local Ray cluster unless `grpolab train --ray ADDRESS` names one (grpolab/dist/ray_engine.py)."""
+    local Ray cluster unless `grpolab train --ray ADDRESS` names one (grpolab/parallel/ray_engine.py)."""
     worker_gpus: float = 0.0
     """GPUs per rollout worker: 0 on CPUs; 1 = a GPU of its own (separate mode); a fraction shares a GPU
     with the trainer ranks (colocated mode; a vLLM engine sleeps while the trainer learns)."""

@@ -14,7 +14,7 @@ A checkpoint `RUN/checkpoints/step-N/` holds the state after N completed GRPO st
     COMPLETE               written last: a JSON manifest of the files, their sizes and SHA-256
 
 A run on several ranks (torchrun) writes `dcp/` instead of the first three: policy, AdamW state and
-reference saved by every rank with torch.distributed.checkpoint (grpolab.dist.checkpoint; sharded
+reference saved by every rank with torch.distributed.checkpoint (grpolab.parallel.checkpoint; sharded
 with FSDP2). DCP reshards on load, so such a checkpoint resumes at any world size, one process
 included. Rank 0 writes the other files, the manifest and the rename.
 
@@ -231,7 +231,7 @@ def write_state(setup, d: Path, step: int, reference_from: Path | None = None) -
 
     ref = reference_model(setup)
     if setup.parallel.active:
-        from grpolab.dist.checkpoint import save_sharded
+        from grpolab.parallel.checkpoint import save_sharded
 
         save_sharded(d / "dcp", setup.policy, setup.optimizer, ref)
         if not setup.parallel.is_main:
@@ -415,9 +415,9 @@ def _load_single(setup, path: Path) -> None:
 
 
 def _load_sharded(setup, path: Path, one_process: bool = False) -> None:
-    """A checkpoint through grpolab.dist.checkpoint: dcp/ (any world size), or with `one_process`
+    """A checkpoint through grpolab.parallel.checkpoint: dcp/ (any world size), or with `one_process`
     the files of a one-process checkpoint into FSDP2 ranks."""
-    from grpolab.dist import checkpoint as dck
+    from grpolab.parallel import checkpoint as dck
 
     try:
         if one_process:

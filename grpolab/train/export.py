@@ -57,7 +57,7 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     policy, tokenizer = load_policy(cfg)  # the run's architecture (LoRA wrapped when it trained LoRA)
     try:
         if weights.is_dir():
-            from grpolab.dist.checkpoint import load_model_weights
+            from grpolab.parallel.checkpoint import load_model_weights
 
             load_model_weights(weights, policy)
         else:

@@ -30,7 +30,7 @@ def train(s: Setup) -> list[dict]:
     """Runs s.cfg.train.steps GRPO steps from s.start_step; returns the metric rows.
 
     On several ranks each runs this same loop on its own P / world prompts (whole groups) and its
-    share of every minibatch; `s.parallel` reduces what must be global (see grpolab.dist.parallel)."""
+    share of every minibatch; `s.parallel` reduces what must be global (see grpolab.parallel.parallel)."""
     cfg, G = s.cfg, s.cfg.rollout.group_size
     rows = []
     for step in range(s.start_step, cfg.train.steps):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpolab.dist.launch import step_seed
+from grpolab.parallel.launch import step_seed
 from grpolab.train.stats import StepStats
 
 

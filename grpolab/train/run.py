@@ -223,7 +223,7 @@ def save_final(setup, folder: Path) -> None:
     with its tokenizer, and PPO's value head beside it (value_head.safetensors); written by rank 0."""
     state = None
     if setup.parallel.shards_parameters:  # gathered on every rank (a collective), written by rank 0
-        from grpolab.dist.checkpoint import full_state_dict
+        from grpolab.parallel.checkpoint import full_state_dict
 
         state = full_state_dict(setup.policy)
     if setup.parallel.is_main:

@@ -17,8 +17,8 @@ import torch
 from grpolab.algo.optim import adamw, lr_lambda
 from grpolab.algo.advantages import VALUE_BASED, make_advantage_fn, zero_std_groups
 from grpolab.config import Config, ConfigError
-from grpolab.dist.launch import step_seed
-from grpolab.dist.parallel import Parallel
+from grpolab.parallel.launch import step_seed
+from grpolab.parallel.parallel import Parallel
 from grpolab.report.progress import Progress
 from grpolab.rewards.base import build_reward, probe_rewards
 from grpolab.forward import LogProbForward
@@ -289,7 +289,7 @@ def trainable_parameters(policy, critic: Critic | None = None) -> list[torch.nn.
 def rollout_engine(cfg: Config, policy, tokenizer, dtype, parallel: Parallel) -> Engine:
     """Phase A's engine: rollout.engine in this process, or on rollout.workers Ray actors."""
     if cfg.rollout.workers:
-        from grpolab.dist.ray_engine import build_ray_engine
+        from grpolab.parallel.ray_engine import build_ray_engine
 
         return build_ray_engine(cfg, policy, tokenizer, parallel)
     return build_engine(cfg, policy, tokenizer, dtype)
@@ -299,7 +299,7 @@ def reward_pool(cfg: Config, rewards: list, parallel: Parallel):
     """Ray reward workers (rollout.reward_workers), or None: the rewards are scored in this process."""
     if not cfg.rollout.reward_workers:
         return None
-    from grpolab.dist.reward_pool import build_reward_pool
+    from grpolab.parallel.reward_pool import build_reward_pool
 
     return build_reward_pool(cfg, rewards, parallel)
 
@@ -308,7 +308,7 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
                 parallel: Parallel | None = None) -> Setup:
     """Builds a Setup; pass a policy/tokenizer (e.g. the SFT'd π0) or let cfg.model load one.
 
-    parallel: this rank's data-parallel group (`dist.launch.init_parallel`); one process without it.
+    parallel: this rank's data-parallel group (`parallel.launch.init_parallel`); one process without it.
     With DDP, Phase B calls the DDP wrapper; with FSDP2 the policy (and the reference) are sharded in
     place, and the rollout engine samples from a full copy that `engine.load_weights` refreshes."""
     cfg.validate()

@@ -25,7 +25,7 @@ def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "
     names of the verifier rewards, in config order (the candidates of the `accuracy` metric).
     Each row's metadata: its prompt's meta, `truncated`, `completion_tokens` (generated tokens,
     EOS included) and, when given, `max_new_tokens` (rollout.max_new_tokens; rewards/shaping.py).
-    pool: a `dist.reward_pool.RewardPool` scoring on Ray reward workers (None = in this process).
+    pool: a `parallel.reward_pool.RewardPool` scoring on Ray reward workers (None = in this process).
     """
     G = ro.group_size
     prompts = [it.prompt for it in items for _ in range(G)]

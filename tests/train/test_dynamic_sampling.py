@@ -20,7 +20,7 @@ from grpolab import config as C
 from grpolab.algo.advantages import zero_std_groups
 from grpolab.data.arith import ArithTask, PromptItem
 from grpolab.data.stream import ArithStream, ListStream
-from grpolab.dist.parallel import Parallel
+from grpolab.parallel.parallel import Parallel
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.rewards.registry import build_reward
 from grpolab.rollout.types import Rollout

@@ -12,7 +12,7 @@ from grpolab import config as C
 from grpolab.algo.advantages import batch_normalize
 from grpolab.data.arith import ArithTask
 from grpolab.data.stream import ArithStream
-from grpolab.dist.parallel import Parallel
+from grpolab.parallel.parallel import Parallel
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.rewards.base import combine
 from grpolab.train import grpo

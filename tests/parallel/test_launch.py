@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from grpolab.dist.launch import init_parallel, launched, step_seed, strip_nproc, torchrun_command
-from grpolab.dist.parallel import Parallel
+from grpolab.parallel.launch import init_parallel, launched, step_seed, strip_nproc, torchrun_command
+from grpolab.parallel.parallel import Parallel
 from grpolab.train.stats import StepRecord
 
 

@@ -154,7 +154,7 @@ def test_overlap_learns_one_version_behind_on_the_behaviour_log_probs(cluster, m
 def test_colocated_placement_shares_each_trainer_gpu_and_refuses_an_overfull_one():
     """Colocated mode: ceil(workers / ranks) workers per trainer bundle on a CUDA model; none on CPUs or
     with whole GPUs (separate mode); a share that leaves the trainer nothing is refused."""
-    from grpolab.dist.ray_launch import colocated_workers
+    from grpolab.parallel.ray_launch import colocated_workers
 
     def cfg(*ov):
         return C.from_preset("grpo", TINY + list(ov))
@@ -167,7 +167,7 @@ def test_colocated_placement_shares_each_trainer_gpu_and_refuses_an_overfull_one
 
 
 def test_the_actors_command_line_drops_ray_and_nproc():
-    from grpolab.dist.ray_launch import strip_ray
+    from grpolab.parallel.ray_launch import strip_ray
 
     assert strip_ray(["train", "c.yaml", "--ray", "--nproc", "2", "a=1"]) == ["train", "c.yaml", "a=1"]
     assert strip_ray(["train", "c.yaml", "--ray", "ray://h:10001", "a=1"]) == ["train", "c.yaml", "a=1"]

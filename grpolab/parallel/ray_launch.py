@@ -11,7 +11,7 @@ actor picks the rendezvous address, every actor gets RANK / WORLD_SIZE / MASTER_
 and joins the torch.distributed group (gloo on CPUs, NCCL on GPUs) of `train.parallel`; one rank
 runs without a process group, as a plain `grpolab train` does. Rank 0 then starts the
 rollout.workers rollout actors and every rank its rollout.reward_workers reward actors
-(grpolab/dist/ray_engine.py, reward_pool.py), on the same cluster.
+(grpolab/parallel/ray_engine.py, reward_pool.py), on the same cluster.
 
 The run directory must be on a file system every trainer node sees (rank 0 writes it; all ranks
 write their checkpoint shards). SIGTERM / SIGINT to the driver reach every rank as the signal
@@ -25,7 +25,7 @@ import signal
 import socket
 import sys
 
-from grpolab.dist.ray_engine import connect, require_ray
+from grpolab.parallel.ray_engine import connect, require_ray
 
 
 class TrainerRank:
@@ -59,7 +59,7 @@ class TrainerRank:
 
 def strip_ray(argv: list[str]) -> list[str]:
     """argv without `--ray [ADDRESS]` / `--ray=ADDRESS` and `--nproc N` (the actors' command line)."""
-    from grpolab.dist.launch import strip_nproc
+    from grpolab.parallel.launch import strip_nproc
 
     out, i = [], 0
     argv = strip_nproc(argv)

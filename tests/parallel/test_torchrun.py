@@ -63,7 +63,7 @@ def _rows(run: Path) -> list[dict]:
 
 # FSDP2 with a KL (sharded policy and reference, DCP) in CI; DDP's kill and resume under torchrun is the same
 # path with replicated weights (run it with -k ddp after changing the launch or checkpoint code), and
-# tests/dist/test_ray_cli.py resumes DDP ranks under torchrun in CI. Both together take two minutes.
+# tests/parallel/test_ray_cli.py resumes DDP ranks under torchrun in CI. Both together take two minutes.
 @pytest.mark.parametrize("parallel,kl", [pytest.param("ddp", 0.0, marks=pytest.mark.skipif(
     not os.environ.get("GRPOLAB_ALL_DIST"), reason="DDP variant: set GRPOLAB_ALL_DIST=1 (FSDP2 runs in CI)")),
     ("fsdp2", 0.04)])

@@ -14,7 +14,7 @@ from grpolab import config as C
 from grpolab.algo.losses import AGGREGATIONS
 from grpolab.data.arith import ArithTask
 from grpolab.data.stream import ArithStream
-from grpolab.dist.parallel import Parallel
+from grpolab.parallel.parallel import Parallel
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.rollout.types import Rollout
 from grpolab.train import grpo

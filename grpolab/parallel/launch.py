@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from grpolab.dist.parallel import Parallel
+from grpolab.parallel.parallel import Parallel
 
 
 def launch_world_size() -> int:

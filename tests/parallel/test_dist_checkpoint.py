@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from grpolab.dist.checkpoint import CheckpointLoadError, full_state_dict, load_sharded, save_sharded
+from grpolab.parallel.checkpoint import CheckpointLoadError, full_state_dict, load_sharded, save_sharded
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 
 WORLD = 2

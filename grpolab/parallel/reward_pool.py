@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from grpolab.dist.ray_engine import connect, require_ray
+from grpolab.parallel.ray_engine import connect, require_ray
 
 
 class RewardWorker:

@@ -189,8 +189,9 @@ def run_worker(args: argparse.Namespace) -> dict:
     import torch
 
     from grpolab.parallel.launch import close_parallel, init_parallel
-    from grpolab.train import grpo
-    from grpolab.train.setup import build_setup, resolve_compute_dtype
+    from grpolab.grpo import loop as grpo
+    from grpolab.grpo.setup import build_setup
+    from grpolab.models.loading import resolve_compute_dtype
 
     threads = args.rank_threads if args.parallel != "none" else args.threads
     if threads > 0:

@@ -101,7 +101,7 @@ def mismatch_figures(setup, ro, res: dict) -> None:
 
 def train_figures(setup, res: dict) -> None:
     """Step 4: one GRPO step (its own rollout, learning, then the weight sync into vLLM)."""
-    from grpolab.train import grpo
+    from grpolab.grpo import loop as grpo
 
     rows, secs = timed(lambda: grpo.train(setup))
     eng = setup.engine
@@ -157,7 +157,8 @@ def greedy_figures(setup, prompts: list[str], res: dict) -> None:
 
 def run_check(args, res: dict) -> None:
     """Steps 1-5, filling `res` as each ends."""
-    from grpolab.train.setup import build_setup, load_policy
+    from grpolab.grpo.setup import build_setup
+    from grpolab.models.policy import load_policy
 
     cfg = check_config(args)
     start = time.perf_counter()

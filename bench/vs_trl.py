@@ -68,8 +68,8 @@ def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[]
     from grpolab.config.validation import get_field
     from grpolab.data.arith import PromptItem
     from grpolab.data.stream import ListStream
-    from grpolab.train import grpo
-    from grpolab.train.setup import build_setup
+    from grpolab.grpo import loop as grpo
+    from grpolab.grpo.setup import build_setup
 
     import_model_code(model_dir(w.model))
     t0 = time.perf_counter()  # the run: model load and setup, then training (compilation included)

@@ -238,7 +238,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "reinforce": AdvantageEstimator(lambda std, eps: _group_local(raw_rewards), False, "the raw reward r (REINFORCE)"),
     "relu": AdvantageEstimator(lambda std, eps: _group_local(relu_rewards), False,
                                "ReLU(r): wrong answers are dropped (rejection sampling / on-policy SFT)"),
-    # PPO: the [P, G] stage is r itself; train/critic.py puts it on each completion's last token and
+    # PPO: the [P, G] stage is r itself; grpo/critic.py puts it on each completion's last token and
     # runs GAE over a value head's V_old (algo/value.py), giving per-token advantages.
     "gae": AdvantageEstimator(lambda std, eps: _group_local(raw_rewards), False,
                               "per-token GAE over a value head's values, whitened over the batch (PPO; verl's gae)"),
@@ -246,7 +246,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
 
 
 VALUE_BASED = frozenset({"gae"})
-"""Estimators that read a value head's values (the run builds a critic, train/critic.py); their
+"""Estimators that read a value head's values (the run builds a critic, grpo/critic.py); their
 advantages are per token."""
 
 

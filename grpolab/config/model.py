@@ -33,7 +33,7 @@ class ModelConfig:
     are dynamic, so widths that change from step to step do not recompile. The first step pays the
     compilation (seconds from the persistent compile cache, about a minute cold on a CPU); later steps
     are faster, most on small models whose forward is overhead-bound, at a small cost in peak memory.
-    auto: on only where the planned run recovers the compile time (train/speed.py: `compile_pays`)."""
+    auto: on only where the planned run recovers the compile time (grpo/speed.py: `compile_pays`)."""
     compile_scope: str = "blocks"
     """With model.compile: 'blocks' compiles each transformer block (decoder layer) and runs the rest
     eagerly; all blocks share one graph, so compilation time does not grow with depth. 'model'

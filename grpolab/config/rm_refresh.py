@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class RMRefreshConfig:
-    """Iterated reward-model updates during GRPO (grpolab/train/rm_refresh.py): every `every_steps`
+    """Iterated reward-model updates during GRPO (grpolab/reward_models/refresh.py): every `every_steps`
     steps, pairs of the policy's recent completions are judged by a labeler within a budget and the
     learned reward models keep training on them."""
 

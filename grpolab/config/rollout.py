@@ -47,7 +47,7 @@ class RolloutConfig:
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling (Yu et al. 2025; verl's algorithm.filter_groups.enable): groups with all
     rewards equal are dropped and more batches of prompts_per_step prompts generated until
-    prompts_per_step groups with unequal rewards are kept (train/dynamic_sampling.py). Needs group_size ≥ 2."""
+    prompts_per_step groups with unequal rewards are kept (grpo/dynamic_sampling.py). Needs group_size ≥ 2."""
     dynamic_sampling_reward: str = ""
     """The reward whose spread decides (verl's filter_groups.metric): empty = the weighted sum (verl's
     seq_reward), or one reward's name or label, e.g. the verifier (verl's acc) beside an overlong reward."""
@@ -57,7 +57,7 @@ class RolloutConfig:
     workers: int = 0
     """Rollout workers: 0 = generate in the training process; N = N Ray actors, each running rollout.engine on
     its own copy of the weights (synced after every optimizer phase), whole groups spread over them. Starts a
-    local Ray cluster unless `grpolab train --ray ADDRESS` names one (grpolab/parallel/ray_engine.py)."""
+    local Ray cluster unless `grpolab train --ray ADDRESS` names one (grpolab/rollout/ray_engine.py)."""
     worker_gpus: float = 0.0
     """GPUs per rollout worker: 0 on CPUs; 1 = a GPU of its own (separate mode); a fraction shares a GPU
     with the trainer ranks (colocated mode; a vLLM engine sleeps while the trainer learns)."""

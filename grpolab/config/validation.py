@@ -27,7 +27,7 @@ FIXED_CHOICES: dict[str, tuple] = {
     "data.chat_template": ("auto", True, False),
     **{name: ("auto", True, False) for name in (
         "model.compile", "model.padding_free", "model.shared_prompt", "rollout.compile", "rollout.bf16_weights",
-        "rollout.packed_weights", "train.keep_freed_memory")},  # auto: decided at setup (train/speed.py)
+        "rollout.packed_weights", "train.keep_freed_memory")},  # auto: decided at setup (grpo/speed.py)
     "loss.multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),  # TRL's values
 }
 

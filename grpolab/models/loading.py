@@ -332,3 +332,14 @@ def load_model(
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device).eval(), tokenizer
+
+
+def resolve_compute_dtype(name: str, device: str) -> torch.dtype | None:
+    """None (plain fp32) or torch.bfloat16 for autocast."""
+    if name == "float32":
+        return None
+    if name == "bfloat16":
+        return torch.bfloat16
+    if torch.device(device).type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    return torch.bfloat16 if cpu_supports_bf16() else None

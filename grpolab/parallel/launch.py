@@ -76,3 +76,10 @@ def strip_nproc(argv: list[str]) -> list[str]:
         elif not a.startswith("--nproc="):
             out.append(a)
     return out
+
+
+def apply_threads(cfg):
+    """Applies run.threads of a Config to this process's torch (0 = leave torch's default); returns cfg."""
+    if cfg.run.threads > 0:
+        torch.set_num_threads(cfg.run.threads)
+    return cfg

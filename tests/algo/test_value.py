@@ -14,7 +14,7 @@ from grpolab.algo.value import (
     token_rewards,
     value_loss,
 )
-from grpolab.train.objective import per_token_advantages
+from grpolab.grpo.objective import per_token_advantages
 
 # row 0: three counted tokens, reward 1 on the last; row 1: two counted tokens, reward -1, one pad
 MASK = torch.tensor([[True, True, True], [True, True, False]])

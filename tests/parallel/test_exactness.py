@@ -16,10 +16,10 @@ from grpolab.data.arith import ArithTask
 from grpolab.data.stream import ArithStream
 from grpolab.parallel.parallel import Parallel
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
-from grpolab.rollout.types import Rollout
-from grpolab.train import grpo
-from grpolab.train.setup import build_setup
-from grpolab.train.stats import StepStats
+from grpolab.batch import Rollout
+from grpolab.grpo import loop as grpo
+from grpolab.grpo.setup import build_setup
+from grpolab.grpo.stats import StepStats
 
 WORLD = 2
 # Every aggregation but those that divide each microbatch by its own token count on purpose (TRL's

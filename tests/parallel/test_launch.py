@@ -10,7 +10,7 @@ import torch
 
 from grpolab.parallel.launch import init_parallel, launched, step_seed, strip_nproc, torchrun_command
 from grpolab.parallel.parallel import Parallel
-from grpolab.train.stats import StepRecord
+from grpolab.grpo.stats import StepRecord
 
 
 def test_nproc_becomes_a_standalone_torchrun_of_the_same_command():

@@ -16,9 +16,9 @@ ray = pytest.importorskip("ray")
 
 from grpolab import config as C  # noqa: E402
 from grpolab.rollout.hf import HFEngine  # noqa: E402
-from grpolab.train import grpo  # noqa: E402
-from grpolab.train.run import train_in_run_dir  # noqa: E402
-from grpolab.train.setup import build_setup  # noqa: E402
+from grpolab.grpo import loop as grpo  # noqa: E402
+from grpolab.grpo.run import train_in_run_dir  # noqa: E402
+from grpolab.grpo.setup import build_setup  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2",
@@ -154,7 +154,7 @@ def test_overlap_learns_one_version_behind_on_the_behaviour_log_probs(cluster, m
 def test_colocated_placement_shares_each_trainer_gpu_and_refuses_an_overfull_one():
     """Colocated mode: ceil(workers / ranks) workers per trainer bundle on a CUDA model; none on CPUs or
     with whole GPUs (separate mode); a share that leaves the trainer nothing is refused."""
-    from grpolab.parallel.ray_launch import colocated_workers
+    from grpolab.app.ray_launch import colocated_workers
 
     def cfg(*ov):
         return C.from_preset("grpo", TINY + list(ov))
@@ -167,7 +167,7 @@ def test_colocated_placement_shares_each_trainer_gpu_and_refuses_an_overfull_one
 
 
 def test_the_actors_command_line_drops_ray_and_nproc():
-    from grpolab.parallel.ray_launch import strip_ray
+    from grpolab.app.ray_launch import strip_ray
 
     assert strip_ray(["train", "c.yaml", "--ray", "--nproc", "2", "a=1"]) == ["train", "c.yaml", "a=1"]
     assert strip_ray(["train", "c.yaml", "--ray", "ray://h:10001", "a=1"]) == ["train", "c.yaml", "a=1"]
@@ -179,8 +179,8 @@ def test_a_stopped_overlap_run_resumes_with_the_prompts_it_had_not_trained_on(cl
     """rollout.overlap=1, stopped after step 1 while step 2's batch was in flight: the checkpoint keeps the
     prompt stream before that batch, so the resumed run trains steps 2 and 3 on the prompts the
     uninterrupted run trained them on (step 2 generated again from the checkpoint's weights: staleness 0)."""
-    from grpolab.train.checkpoint import complete_checkpoints
-    from grpolab.train.signals import request_stop
+    from grpolab.rundir.checkpoint import complete_checkpoints
+    from grpolab.grpo.signals import request_stop
 
     cfg = _cfg("rollout.workers=1", "rollout.overlap=1", "train.steps=4", "run.checkpoint_every=1")
     assert train_in_run_dir(build_setup(cfg), tmp_path / "whole") == 0

@@ -100,7 +100,7 @@ def test_a_killed_rank_resumes_exactly_and_the_checkpoint_resumes_in_one_process
 
     from transformers import AutoModelForCausalLM
 
-    from grpolab.train.export import export_run
+    from grpolab.rundir.export import export_run
 
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "full/final")  # gathered from the shards
     exported = AutoModelForCausalLM.from_pretrained(export_run(tmp_path / "full", tmp_path / "export", step=STEPS))

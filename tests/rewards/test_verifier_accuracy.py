@@ -1,4 +1,4 @@
-"""The step's `accuracy` metric (grpolab.train.stats): the 1.0 rate of the first reward, in config
+"""The step's `accuracy` metric (grpolab.grpo.stats): the 1.0 rate of the first reward, in config
 order, whose verifier flag is set and that scored at least one row."""
 
 from types import SimpleNamespace
@@ -7,7 +7,7 @@ import torch
 
 from grpolab.data.arith import REFUSAL
 from grpolab.rewards.registry import build_reward
-from grpolab.train.stats import StepRecord, StepStats, score_rollout
+from grpolab.grpo.stats import StepRecord, StepStats, score_rollout
 
 G = 2
 

@@ -15,8 +15,6 @@ separate critic model): no second model or forward, and the value loss shapes th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
-
 import torch
 
 from grpolab.algo.value import explained_variance, gae, masked_whiten, token_rewards, value_loss
@@ -39,21 +37,15 @@ class Critic:
     lam: float
     value_coef: float
     value_clip: float | None
-    kl_coef: float = 0.0
-    """β of the per-token KL penalty in the rewards (loss.kl_in_reward); 0 = none."""
-    kl_estimator: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     sums: list[torch.Tensor] = field(default_factory=list)
     """Phase B's detached [value-loss sum, clipped tokens, tokens] per microbatch, until `step_metrics`."""
 
     @classmethod
     def from_config(cls, loss_cfg, policy: torch.nn.Module, forward: LogProbForward) -> "Critic":
-        from grpolab.algo.kl import KL_ESTIMATORS
-
         device = next(policy.parameters()).device
         head = ValueHead(policy.config.hidden_size).to(device)
-        kl_coef = loss_cfg.kl_coef if loss_cfg.kl_in_reward else 0.0
         return cls(head, decoder_of(policy), forward, loss_cfg.gae_gamma, loss_cfg.gae_lambda, loss_cfg.value_coef,
-                   loss_cfg.value_clip, kl_coef, KL_ESTIMATORS[loss_cfg.kl_estimator])
+                   loss_cfg.value_clip)
 
     def record_values(self, ro: Rollout) -> Rollout:
         """Phase A: ro with `values` [N, Lc], V_old under the current (π_old) parameters."""
@@ -61,19 +53,15 @@ class Critic:
         return ro.replace(values=rollout_values(self.head, self.decoder, ro, chunks, self.forward.compute_dtype))
 
     @torch.no_grad()
-    def advantages(self, ro: Rollout, rewards: torch.Tensor) -> Rollout:
+    def advantages(self, ro: Rollout, rewards: torch.Tensor, kl_penalty: torch.Tensor | None = None) -> Rollout:
         """Phase A: ro with token_advantages (whitened GAE), returns, advantages (each row's mean of
         its token advantages) and a loss mask without the rows whose every reward abstained.
 
-        rewards: [N] the shaped rewards (NaN = every function abstained); with loss.kl_in_reward
-        they already carry -β·Σ_t KL_t, which is moved back onto the tokens it came from."""
+        rewards: [N] the combined rewards (NaN = every function abstained), without a KL penalty;
+        kl_penalty: [N, L] β·KL_t per token (loss.kl_in_reward, `algo.kl.kl_reward_penalty`), or None."""
         mask = ro.loss_mask & ~torch.isnan(rewards).to(ro.loss_mask.device).unsqueeze(-1)
         outcome = torch.nan_to_num(rewards, nan=0.0).to(ro.values)
-        kl = None
-        if self.kl_coef:
-            kl = self.kl_estimator(ro.old_logp, ro.ref_logp)
-            outcome = outcome + self.kl_coef * torch.where(mask, kl, torch.zeros_like(kl)).sum(-1)
-        adv, returns = gae(token_rewards(outcome, mask, kl, self.kl_coef), ro.values, mask, self.gamma, self.lam)
+        adv, returns = gae(token_rewards(outcome, mask, kl_penalty), ro.values, mask, self.gamma, self.lam)
         adv = masked_whiten(adv, mask)
         per_row = adv.sum(-1) / mask.sum(-1).clamp(min=1)
         return ro.replace(token_advantages=adv, returns=returns, advantages=per_row, loss_mask=mask)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from grpolab.algo.kl import KL_ESTIMATORS, sequence_kl
+from grpolab.algo.kl import KL_ESTIMATORS, kl_reward_penalty
 from grpolab.rewards.base import combine
 from grpolab.batch import Rollout, scatter_rows
 from grpolab.grpo.dynamic_sampling import draw_batch
@@ -43,11 +43,12 @@ def train(s: Setup) -> list[dict]:
             ro = record_logprobs(s, ro)  # before the advantages: a KL in the reward reads them
         with torch.no_grad(), st.timer("score"):
             # the batch-wide statistics of loss.std=batch are summed over the ranks' groups
-            shaped = shaped_rewards(s, ro, scores)
+            combined, penalty = combined_rewards(s, ro, scores)
+            shaped = combined if penalty is None else combined - penalty[0].to(combined)  # minus β·KL per sequence
             adv = s.advantage_fn(shaped.view(-1, G), s.parallel.all_reduce_sum).flatten()
             ro = ro.replace(rewards=rewards, advantages=adv, loss_mask=s.train_mask(ro, rewards))
-            if s.critic is not None:  # PPO: per-token advantages and returns by GAE over V_old
-                ro = s.critic.advantages(ro, shaped)
+            if s.critic is not None:  # PPO: per-token advantages and returns by GAE over V_old, β·KL per token
+                ro = s.critic.advantages(ro, combined, None if penalty is None else penalty[1])
         # ---------------- Phase B: learning on the frozen rollout.
         with st.timer("learn"):
             learn(s, ro, st)
@@ -86,19 +87,19 @@ def record_logprobs(s: Setup, ro: Rollout) -> Rollout:
     return ro
 
 
-def shaped_rewards(s: Setup, ro: Rollout, scores: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The rewards the advantages come from, [N] (NaN = every function abstained); the step's
-    metrics keep the plain weighted sum. The reward functions' scores (name -> [N]) combined per
-    loss.multi_objective_aggregation (`rewards.base.combine`); with loss.kl_in_reward (verl's
-    use_kl_in_reward) minus kl_coef · Σ_t KL_t(π_old ‖ π_ref) over each completion's tokens
-    (`algo.kl.sequence_kl` with loss.kl_estimator)."""
+def combined_rewards(s: Setup, ro: Rollout, scores: dict[str, torch.Tensor]
+                     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """The rewards the advantages come from, [N] (NaN = every function abstained), and their KL
+    penalty; the step's metrics keep the plain weighted sum. The reward functions' scores (name ->
+    [N]) combined per loss.multi_objective_aggregation (`rewards.base.combine`); with
+    loss.kl_in_reward (verl's use_kl_in_reward) the penalty kl_coef · KL_t(π_old ‖ π_ref) as
+    (per sequence [N], per token [N, Lc]) (`algo.kl.kl_reward_penalty` with loss.kl_estimator), else None."""
     lo = s.cfg.loss
     rewards = combine(scores, {fn.name: w for fn, w in s.rewards}, lo.multi_objective_aggregation,
                       ro.group_size, lo.std_eps)
-    if lo.kl_in_reward:
-        kl = sequence_kl(ro.old_logp, ro.ref_logp, ro.loss_mask, KL_ESTIMATORS[lo.kl_estimator])
-        rewards = rewards - lo.kl_coef * kl.to(rewards)
-    return rewards
+    if not lo.kl_in_reward:
+        return rewards, None
+    return rewards, kl_reward_penalty(ro.old_logp, ro.ref_logp, ro.loss_mask, lo.kl_coef, KL_ESTIMATORS[lo.kl_estimator])
 
 
 def learn(s: Setup, ro: Rollout, st: StepStats) -> None:

@@ -253,7 +253,7 @@ def run(args: argparse.Namespace, policy=None, tokenizer=None) -> dict:
     logger = attach_outputs(setup, out)
     printer = StepPrinter(lambda tag: evaluate(policy, tokenizer, cfg, held, args.eval_samples, tag),
                           args.eval_every, cfg.train.steps)
-    setup.hooks.append(printer)
+    setup.services.hooks.append(printer)
     t = time.perf_counter()
     try:
         rows = grpo.train(setup)

@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from grpolab.cli_sharpen import add_parser  # noqa: E402
+from grpolab.cli.sharpen import add_parser  # noqa: E402
 from grpolab.data.build import arith_eval_items  # noqa: E402
 from grpolab.app.demo import DEMO_OVERRIDES, build_pi0, demo_config  # noqa: E402
 from grpolab.models.loading import load_model  # noqa: E402

@@ -93,7 +93,7 @@ def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[]
     s = build_setup(cfg, policy=policy, tokenizer=tok, prompts=ListStream(items, seed=w.seed))
     if between_steps is not None:
         between_steps()
-        s.hooks.append(lambda *_: between_steps())  # the loop's own per-step hooks, after the step's timers
+        s.services.hooks.append(lambda *_: between_steps())  # the loop's own per-step hooks, after the step's timers
     t1 = time.perf_counter()
     rows = grpo.train(s)
     clock = {"setup_s": t1 - t0, "train_s": time.perf_counter() - t1}

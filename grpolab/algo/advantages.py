@@ -47,7 +47,7 @@ class StdMode:
 
 # The config's loss.std is a key of this table.
 STD_MODES: dict[str, StdMode] = {
-    "population": StdMode(lambda count: count, "population std, divide by n (seed 004's table)"),
+    "population": StdMode(lambda count: count, "population std, divide by n (the reward-normalization table's)"),
     "sample": StdMode(lambda count: count - 1, "sample std, divide by n - 1 (TRL and verl)"),
     "none": StdMode(None, "no scaling: mean-centring only (Dr. GRPO)"),
     "batch": StdMode(lambda count: count - 1,

@@ -250,8 +250,8 @@ class BudgetHook:
         spent = self.completions >= self.budget
         if spent or self.steps % self.eval_every == 0 or self.steps == self.setup.cfg.train.steps:
             self.curve.append({"step": self.steps, "completions": self.completions, **self.evaluate()})
-        if spent and self.steps < self.setup.cfg.train.steps and self.setup.stop is not None:
-            self.setup.stop.requested = True  # no signal number: the run ends as finished
+        if spent and self.steps < self.setup.cfg.train.steps and self.setup.services.stop is not None:
+            self.setup.services.stop.requested = True  # no signal number: the run ends as finished
 
 
 def _train_grpo(ab: Ablation, cfg: C.Config, path: Path) -> dict:
@@ -260,8 +260,8 @@ def _train_grpo(ab: Ablation, cfg: C.Config, path: Path) -> dict:
 
     setup = build_setup(cfg)  # the policy (and reference, and self-likelihood reward) load π0
     hook = BudgetHook(setup, ab.budget, max(1, cfg.train.steps // EVAL_POINTS),
-                      _arith_eval(setup.policy, setup.tokenizer, cfg))
-    setup.hooks.append(hook)
+                      _arith_eval(setup.models.policy, setup.models.tokenizer, cfg))
+    setup.services.hooks.append(hook)
     code = train_in_run_dir(setup, path)
     if code != 0:
         raise RuntimeError(f"training stopped with exit code {code}")

@@ -77,7 +77,7 @@ def build_pi0(cfg: C.Config, run_dir: Path):
 
 def with_reward_models(cfg: C.Config, task, tok, run_dir: Path, policy=None, w_acc: float = 1.0, w_ref: float = 1.0,
                        rm_options: dict | None = None):
-    """Trains the accuracy and refusal reward models (seed 000) and puts them in the config as the
+    """Trains the accuracy and refusal reward models and puts them in the config as the
     GRPO rewards: reward = w_acc·RM_acc + w_ref·RM_ref, each RM a learned verifier: 1 when its
     calibrated probability that the completion is right (a logistic fit on its own training pairs)
     exceeds 1/2, else 0, so that a group it judges all wrong gives no advantage, as a rule check's
@@ -105,7 +105,7 @@ def rm_policy_accuracy(setup, policy, tok, items, cfg) -> dict[str, float]:
     from grpolab.rewards.rules import ExactMatch, Refusal
     from grpolab.evaluation.reward_models import policy_pair_accuracy
 
-    rms = {fn.name: fn for fn, w in setup.rewards if w and fn.name in ("accuracy_rm", "refusal_rm")}
+    rms = {fn.name: fn for fn, w in setup.data.rewards if w and fn.name in ("accuracy_rm", "refusal_rm")}
     gold = {"accuracy_rm": ExactMatch(), "refusal_rm": Refusal()}
     return policy_pair_accuracy(rms, gold, policy, tok, items, group_size=cfg.rollout.group_size,
                                 max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.train.seed)
@@ -116,10 +116,10 @@ def refreshed_heldout(setup, task, seed: int) -> dict[str, float]:
     from grpolab.reward_models.training import evaluate_pairs
     from grpolab.app.demo_reward_models import heldout_pairs
 
-    if setup.rm_refresh is None:
+    if setup.services.rm_refresh is None:
         return {}
     return {name: evaluate_pairs(rm.model, rm.tokenizer, heldout_pairs(task, name, seed))[0]
-            for name, rm in setup.rm_refresh.targets.items()}
+            for name, rm in setup.services.rm_refresh.targets.items()}
 
 
 def run_demo(cfg: C.Config, run_dir: Path | None = None, report: bool = True, rewards: str = "rules",

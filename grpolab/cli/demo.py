@@ -14,7 +14,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     d.add_argument("--out", default="", help="run directory (default: a new folder under runs/)")
     d.add_argument("--no-report", action="store_true", help="skip report.html")
     d.add_argument("--rewards", choices=("rm", "rules"), default="rules",
-                   help="GRPO rewards: two learned reward models (seed 000) or the exact rule checks")
+                   help="GRPO rewards: two learned reward models (accuracy and refusal) or the exact rule checks")
     d.add_argument("--accuracy-rm", choices=("process", "outcome", "ensemble"), default="process",
                    help="with --rewards rm: the accuracy RM scores each answer token by its backbone's language "
                         "model (process: the weakest token counts), the whole answer at EOS (outcome, refreshed on "

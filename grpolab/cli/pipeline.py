@@ -9,7 +9,7 @@ from grpolab.cli.common import named_errors
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    pl = subparsers.add_parser("pipeline", help="the seed's pipeline from one YAML: SFT -> reward models -> GRPO -> "
+    pl = subparsers.add_parser("pipeline", help="the whole pipeline from one YAML: SFT -> reward models -> GRPO -> "
                                                 "evaluation -> report (finished stages are skipped on a re-run)")
     pl.add_argument("config", help="a pipeline YAML file (see examples/seed_pipeline.yaml)")
     pl.add_argument("overrides", nargs="*", help="SECTION.key=value, e.g. grpo.train.steps=5 or "

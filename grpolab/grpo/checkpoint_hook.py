@@ -47,14 +47,14 @@ class CheckpointHook:
         self.last = save_checkpoint(s, self.root, self.done, s.cfg.run.keep_checkpoints,
                                     reference_from=self.last, flush=flush)
         self.saved_step = self.done
-        if s.progress is not None:
-            s.progress.log(f"saved checkpoint {self.last}")
+        if s.services.progress is not None:
+            s.services.progress.log(f"saved checkpoint {self.last}")
         return self.last
 
     def _mark_boundary(self) -> None:
         s = self.setup
         self._boundary = (rng_state(), copy.deepcopy(s.prompt_state()),
-                          s.consecutive_skips, copy.deepcopy(s.scheduler.state_dict()), _updates(s.optimizer))
+                          s.consecutive_skips, copy.deepcopy(s.optim.scheduler.state_dict()), _updates(s.optim.optimizer))
 
     def _back_to_boundary(self) -> bool:
         """When the policy has not been updated since the step began, puts back what Phase A and
@@ -62,13 +62,13 @@ class CheckpointHook:
         is then exactly the step boundary. Returns whether it did."""
         s = self.setup
         rng, data, skips, sched, updates = self._boundary
-        if _updates(s.optimizer) != updates:
+        if _updates(s.optim.optimizer) != updates:
             return False
         set_rng_state(rng)
-        if s.prefetch is not None:  # rollout.overlap: the step's prompts are drawn again on resume
-            s.prefetch.drop()
-        s.prompts.load_state_dict(data)
-        s.scheduler.load_state_dict(sched)
+        if s.data.prefetch is not None:  # rollout.overlap: the step's prompts are drawn again on resume
+            s.data.prefetch.drop()
+        s.data.prompts.load_state_dict(data)
+        s.optim.scheduler.load_state_dict(sched)
         s.consecutive_skips = skips
         return True
 

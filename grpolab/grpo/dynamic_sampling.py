@@ -60,11 +60,11 @@ def draw_batch(s, st: StepStats) -> Batch:
     r = s.cfg.rollout
     if r.dynamic_sampling:
         batch = dynamic_batch(s, st)
-    elif s.prefetch is not None:  # rollout.overlap: prefetched while the last step learned
-        batch = s.prefetch.take(s, st)
+    elif s.data.prefetch is not None:  # rollout.overlap: prefetched while the last step learned
+        batch = s.data.prefetch.take(s, st)
     else:
-        batch = generate_batch(s, s.parallel.shard(s.prompts.next_batch(r.prompts_per_step)), st)
-    st.staleness = s.engine.weight_version - batch.rollout.weight_version
+        batch = generate_batch(s, s.services.parallel.shard(s.data.prompts.next_batch(r.prompts_per_step)), st)
+    st.staleness = s.data.engine.weight_version - batch.rollout.weight_version
     return batch
 
 
@@ -72,18 +72,18 @@ def generate_batch(s, items: list, st: StepStats, in_flight=None) -> Batch:
     """G completions of each prompt of `items`, sampled from the step's stream, decoded and scored.
     in_flight: their generation, already submitted to the rollout workers (rollout.overlap; this then
     runs in a background thread and leaves the progress display alone)."""
-    show = s.progress.phase if in_flight is None else (lambda *a: None)
+    show = s.services.progress.phase if in_flight is None else (lambda *a: None)
     with st.timer("rollout"):
         show("rollout")
         if in_flight is not None:
             ro = in_flight.result()
         else:
-            ro = s.engine.generate([it.prompt for it in items], s.cfg.rollout.group_size, generator=s.sample_gen)
-        texts = s.engine.decode(ro)
+            ro = s.data.engine.generate([it.prompt for it in items], s.cfg.rollout.group_size, generator=s.data.sample_gen)
+        texts = s.data.engine.decode(ro)
     with st.timer("score"):
         show("score")
-        scores, rewards = score_rollout(s.rewards, items, texts, ro, s.on_reward_error, st, s.cfg.rollout.max_new_tokens,
-                                        s.reward_pool)
+        scores, rewards = score_rollout(s.data.rewards, items, texts, ro, s.on_reward_error, st, s.cfg.rollout.max_new_tokens,
+                                        s.data.reward_pool)
     return Batch(list(items), ro, texts, scores, rewards)
 
 
@@ -96,13 +96,13 @@ def has_signal(batch: Batch, reward: str = "") -> torch.Tensor:
 def dynamic_batch(s, st: StepStats) -> Batch:
     """DAPO's dynamic sampling (module docstring): batches of prompts_per_step prompts until this
     rank holds prompts_per_step / world groups with unequal rewards, in lockstep with the other ranks."""
-    r, par = s.cfg.rollout, s.parallel
+    r, par = s.cfg.rollout, s.services.parallel
     want = r.prompts_per_step // par.world_size
     batches: list[Batch] = []
     signals: list[torch.Tensor] = []
     drawn = 0
     while True:
-        items = par.shard(s.prompts.next_batch(r.prompts_per_step))  # every rank draws: equal cursors
+        items = par.shard(s.data.prompts.next_batch(r.prompts_per_step))  # every rank draws: equal cursors
         drawn += 1
         if kept_count(signals) < want:  # a full rank only draws
             batches.append(generate_batch(s, items, st))
@@ -119,7 +119,7 @@ def dynamic_batch(s, st: StepStats) -> Batch:
         st.notes.append(f"dynamic sampling: rollout.max_generation_batches={r.max_generation_batches} batches gave "
                         f"{want - filled} of {want} groups with unequal rewards; {filled} dropped ones fill the rest{masked}")
     parts = [batches[b].groups([g for bb, g in picks if bb == b]) for b in sorted({b for b, _ in picks})]
-    return concat_batches(parts, pad_id(s.tokenizer))
+    return concat_batches(parts, pad_id(s.models.tokenizer))
 
 
 def kept_count(signals: list[torch.Tensor]) -> int:

@@ -30,7 +30,7 @@ def train(s: Setup) -> list[dict]:
     """Runs s.cfg.train.steps GRPO steps from s.start_step; returns the metric rows.
 
     On several ranks each runs this same loop on its own P / world prompts (whole groups) and its
-    share of every minibatch; `s.parallel` reduces what must be global (see grpolab.parallel.parallel)."""
+    share of every minibatch; `s.services.parallel` reduces what must be global (see grpolab.parallel.parallel)."""
     cfg, G = s.cfg, s.cfg.rollout.group_size
     rows = []
     for step in range(s.start_step, cfg.train.steps):
@@ -45,23 +45,23 @@ def train(s: Setup) -> list[dict]:
             # the batch-wide statistics of loss.std=batch are summed over the ranks' groups
             combined, penalty = combined_rewards(s, ro, scores)
             shaped = combined if penalty is None else combined - penalty[0].to(combined)  # minus β·KL per sequence
-            adv = s.advantage_fn(shaped.view(-1, G), s.parallel.all_reduce_sum).flatten()
+            adv = s.optim.advantage_fn(shaped.view(-1, G), s.services.parallel.all_reduce_sum).flatten()
             ro = ro.replace(rewards=rewards, advantages=adv, loss_mask=s.train_mask(ro, rewards))
-            if s.critic is not None:  # PPO: per-token advantages and returns by GAE over V_old, β·KL per token
-                ro = s.critic.advantages(ro, combined, None if penalty is None else penalty[1])
+            if s.models.critic is not None:  # PPO: per-token advantages and returns by GAE over V_old, β·KL per token
+                ro = s.models.critic.advantages(ro, combined, None if penalty is None else penalty[1])
         # ---------------- Phase B: learning on the frozen rollout.
         with st.timer("learn"):
             learn(s, ro, st)
         with st.timer("sync"):  # the next rollout samples π_new (rollout workers: the weights are sent)
-            s.engine.load_weights(step + 1, s.parallel.full_state(s.policy))
-            st.sync_bytes = getattr(s.engine, "last_sync_bytes", 0)
+            s.data.engine.load_weights(step + 1, s.services.parallel.full_state(s.models.policy))
+            st.sync_bytes = getattr(s.data.engine, "last_sync_bytes", 0)
         record = StepRecord.of(ro, items, texts, scores, st.notes)
-        record = StepRecord.merge(s.parallel.gather(record))  # every rank's groups, in rank order
-        row = st.reduce(s.parallel).finish(record, s)
-        if s.critic is not None:
-            row.update(s.critic.step_metrics(ro))  # value loss, clipped share, explained variance
-        if s.rm_refresh is not None:  # every K steps: pairs of recent rollouts labelled, the RMs trained on them
-            row.update(s.rm_refresh.after_step(step, record))
+        record = StepRecord.merge(s.services.parallel.gather(record))  # every rank's groups, in rank order
+        row = st.reduce(s.services.parallel).finish(record, s)
+        if s.models.critic is not None:
+            row.update(s.models.critic.step_metrics(ro))  # value loss, clipped share, explained variance
+        if s.services.rm_refresh is not None:  # every K steps: pairs of recent rollouts labelled, the RMs trained on them
+            row.update(s.services.rm_refresh.after_step(step, record))
         s.after_step(step, row, record)
         rows.append(row)
         if s.should_stop():
@@ -78,12 +78,12 @@ def record_logprobs(s: Setup, ro: Rollout) -> Rollout:
     if s.cfg.rollout.overlap:  # sampled by an older policy: the ratio is taken against the behaviour policy
         ro = ro.replace(old_logp=ro.sampler_logp)
     elif s.cfg.needs_old_logp_pass:
-        ro = ro.replace(old_logp=s.forward.rollout_logprobs(s.train_model, ro))
-    if s.reference is not None:
-        with s.reference() as ref:
-            ro = ro.replace(ref_logp=s.forward.rollout_logprobs(ref, ro))
-    if s.critic is not None:
-        ro = s.critic.record_values(ro)
+        ro = ro.replace(old_logp=s.optim.forward.rollout_logprobs(s.models.train_model, ro))
+    if s.models.reference is not None:
+        with s.models.reference() as ref:
+            ro = ro.replace(ref_logp=s.optim.forward.rollout_logprobs(ref, ro))
+    if s.models.critic is not None:
+        ro = s.models.critic.record_values(ro)
     return ro
 
 
@@ -95,7 +95,7 @@ def combined_rewards(s: Setup, ro: Rollout, scores: dict[str, torch.Tensor]
     loss.kl_in_reward (verl's use_kl_in_reward) the penalty kl_coef · KL_t(π_old ‖ π_ref) as
     (per sequence [N], per token [N, Lc]) (`algo.kl.kl_reward_penalty` with loss.kl_estimator), else None."""
     lo = s.cfg.loss
-    rewards = combine(scores, {fn.name: w for fn, w in s.rewards}, lo.multi_objective_aggregation,
+    rewards = combine(scores, {fn.name: w for fn, w in s.data.rewards}, lo.multi_objective_aggregation,
                       ro.group_size, lo.std_eps)
     if not lo.kl_in_reward:
         return rewards, None
@@ -106,27 +106,27 @@ def learn(s: Setup, ro: Rollout, st: StepStats) -> None:
     """epochs × minibatches × microbatches; one optimizer step per minibatch.
 
     A minibatch is a random draw of rows (of whole groups with model.shared_prompt); its
-    microbatches (`s.forward.chunks`) group rows of similar length, so less padding is computed, or,
+    microbatches (`s.optim.forward.chunks`) group rows of similar length, so less padding is computed, or,
     padding-free, carry about equal real tokens. The gradient is the minibatch's either way.
 
     Without a Phase-A old_logp (one minibatch per epoch), epoch 0 forwards every row under π_old
     before its only optimizer step (old = new.detach(), ratio ≡ 1); those log-probs are kept as
     old_logp for the later epochs, so π_old is never forwarded twice.
     """
-    cfg, par = s.cfg, s.parallel
+    cfg, par = s.cfg, s.services.parallel
     n = ro.num_sequences  # this rank's rows: N / world
     for epoch in range(cfg.train.epochs):
-        order = s.forward.row_order(n, ro.group_size, s.shuffle_gen)
+        order = s.optim.forward.row_order(n, ro.group_size, s.optim.shuffle_gen)
         for mb, mb_idx in enumerate(order.split(cfg.minibatch_sequences // par.world_size)):
-            s.progress.phase("learn", f"epoch {epoch + 1}/{cfg.train.epochs} minibatch {mb + 1}/{cfg.minibatches_per_epoch}")
+            s.services.progress.phase("learn", f"epoch {epoch + 1}/{cfg.train.epochs} minibatch {mb + 1}/{cfg.minibatches_per_epoch}")
             minibatch = ro.select(mb_idx)
-            normalizer = par.all_reduce_sum(s.objective.normalizer(minibatch.loss_mask))  # before any microbatch
-            s.optimizer.zero_grad(set_to_none=True)
+            normalizer = par.all_reduce_sum(s.optim.objective.normalizer(minibatch.loss_mask))  # before any microbatch
+            s.optim.optimizer.zero_grad(set_to_none=True)
             loss_sum, logps = 0.0, []
-            micros = s.forward.chunks(minibatch, cfg.train.microbatch_size)  # similar lengths, or equal tokens
+            micros = s.optim.forward.chunks(minibatch, cfg.train.microbatch_size)  # similar lengths, or equal tokens
             for i, micro_idx in enumerate(micros):
-                with par.microbatch(s.train_model, last=i + 1 == len(micros)):  # gradients sync on the last
-                    loss, stats = s.objective(s.train_model, minibatch.select(micro_idx), normalizer)
+                with par.microbatch(s.models.train_model, last=i + 1 == len(micros)):  # gradients sync on the last
+                    loss, stats = s.optim.objective(s.models.train_model, minibatch.select(micro_idx), normalizer)
                     par.backward(loss)
                 st.add_micro(stats)
                 loss_sum += float(loss.detach())

@@ -52,7 +52,7 @@ class Prefetcher:
                 batch = pending.future.result()
             st.absorb(pending.stats)
         else:
-            batch = generate_batch(s, s.parallel.shard(s.prompts.next_batch(s.cfg.rollout.prompts_per_step)), st)
+            batch = generate_batch(s, s.services.parallel.shard(s.data.prompts.next_batch(s.cfg.rollout.prompts_per_step)), st)
         self.submit(s, st.step + 1)
         return batch
 
@@ -63,10 +63,10 @@ class Prefetcher:
 
         if step >= s.cfg.train.steps:
             return
-        self.prompt_state = s.prompts.state_dict()
-        items = s.parallel.shard(s.prompts.next_batch(s.cfg.rollout.prompts_per_step))
-        gen = torch.Generator().manual_seed(step_seed(s.cfg.train.seed, s.parallel.rank, step, "sample"))
-        in_flight = s.engine.submit([it.prompt for it in items], s.cfg.rollout.group_size, generator=gen)
+        self.prompt_state = s.data.prompts.state_dict()
+        items = s.services.parallel.shard(s.data.prompts.next_batch(s.cfg.rollout.prompts_per_step))
+        gen = torch.Generator().manual_seed(step_seed(s.cfg.train.seed, s.services.parallel.rank, step, "sample"))
+        in_flight = s.data.engine.submit([it.prompt for it in items], s.cfg.rollout.group_size, generator=gen)
         stats = StepStats(step)
 
         def finish():

@@ -101,9 +101,9 @@ class Outputs:
         self.logger = MetricsLogger(run_dir, tensorboard=r.tensorboard, wandb=bool(r.wandb_project),
                                     wandb_project=r.wandb_project or None)
         self.warnings = DegradedWarnings(run_dir)
-        setup.hooks.append(lambda step, row, *rest: self.logger.log(row))
-        setup.hooks.append(SamplesWriter(run_dir, setup.cfg.run.samples_every))
-        setup.hooks.append(self.warnings)
+        setup.services.hooks.append(lambda step, row, *rest: self.logger.log(row))
+        setup.services.hooks.append(SamplesWriter(run_dir, setup.cfg.run.samples_every))
+        setup.services.hooks.append(self.warnings)
 
     def close(self) -> None:
         self.logger.close()
@@ -111,9 +111,9 @@ class Outputs:
 
 
 def attach_outputs(setup, run_dir: Path) -> Outputs | None:
-    """Adds the metrics, samples and warnings writers to setup.hooks; returns them (close them at the
+    """Adds the metrics, samples and warnings writers to setup.services.hooks; returns them (close them at the
     end). Only rank 0 writes them (None elsewhere)."""
-    return Outputs(setup, run_dir) if setup.parallel.is_main else None
+    return Outputs(setup, run_dir) if setup.services.parallel.is_main else None
 
 
 def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> int:
@@ -132,7 +132,7 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
     from grpolab.grpo.signals import StopSignal
     from grpolab.grpo.speed import speed_line
 
-    par = setup.parallel
+    par = setup.services.parallel
     if par.is_main:
         ck.remove_stale_tmp(run_dir / ck.CHECKPOINTS)
     if resume_from is not None:
@@ -141,20 +141,20 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
         ck.load_checkpoint(setup, resume_from, verify=False)  # resolve_resume verified its files
         if par.is_main:
             print(f"grpolab: resuming after step {setup.start_step} from {resume_from}", file=sys.stderr)
-    if par.is_main and setup.speed:
-        print(f"grpolab: {speed_line(setup.speed)}", file=sys.stderr, flush=True)
+    if par.is_main and setup.services.speed:
+        print(f"grpolab: {speed_line(setup.services.speed)}", file=sys.stderr, flush=True)
     if par.is_main:
         for name in ("metrics.jsonl", "samples.jsonl", WARNINGS_FILE, LABELS_FILE):
             ck.truncate_jsonl(run_dir / name, setup.start_step)
-        if setup.rm_refresh is not None:  # rank 0 appends the labelled pairs to rm_labels.jsonl
-            setup.rm_refresh.run_dir = run_dir
+        if setup.services.rm_refresh is not None:  # rank 0 appends the labelled pairs to rm_labels.jsonl
+            setup.services.rm_refresh.run_dir = run_dir
     par.barrier()
     outputs = attach_outputs(setup, run_dir)
     hook = CheckpointHook(setup, run_dir, loaded_from=resume_from)
-    setup.hooks.append(hook)  # last: the step's metrics are written before its checkpoint
+    setup.services.hooks.append(hook)  # last: the step's metrics are written before its checkpoint
     try:
         with StopSignal() as stop:
-            setup.stop = stop
+            setup.services.stop = stop
             grpo.train(setup)
     except TrainingStopped as e:
         saved = hook.save_last_good()
@@ -173,8 +173,8 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
         setup.close()
         if outputs is not None:
             outputs.close()
-        if setup.progress is not None:
-            setup.progress.close()
+        if setup.services.progress is not None:
+            setup.services.progress.close()
     signum = int(par.reduce_floats([], [], [float(stop.signum if stop.requested else 0)])[2][0])  # any rank's
     if signum:
         if hook.saved_step != hook.done:  # the signal came after the step's hook had looked
@@ -184,8 +184,8 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None) -> i
                   f"steps; checkpoint {hook.last}. Continue with the same command plus --resume.", file=sys.stderr)
         return 128 + signum
     save_final(setup, run_dir / "final")
-    if par.is_main and setup.rm_refresh is not None:  # the refreshed reward models, as RM folders
-        setup.rm_refresh.export(run_dir / "reward_models_refreshed")
+    if par.is_main and setup.services.rm_refresh is not None:  # the refreshed reward models, as RM folders
+        setup.services.rm_refresh.export(run_dir / "reward_models_refreshed")
     if par.is_main:
         from grpolab.rundir.rundir import mark_finished
 
@@ -197,18 +197,18 @@ def save_final(setup, folder: Path) -> None:
     """The trained policy as a transformers folder (weights gathered from every rank with FSDP2),
     with its tokenizer, and PPO's value head beside it (value_head.safetensors); written by rank 0."""
     state = None
-    if setup.parallel.shards_parameters:  # gathered on every rank (a collective), written by rank 0
+    if setup.services.parallel.shards_parameters:  # gathered on every rank (a collective), written by rank 0
         from grpolab.parallel.checkpoint import full_state_dict
 
-        state = full_state_dict(setup.policy)
-    if setup.parallel.is_main:
-        setup.policy.save_pretrained(folder, state_dict=state)
-        setup.tokenizer.save_pretrained(folder)
-        if getattr(setup, "critic", None) is not None:
+        state = full_state_dict(setup.models.policy)
+    if setup.services.parallel.is_main:
+        setup.models.policy.save_pretrained(folder, state_dict=state)
+        setup.models.tokenizer.save_pretrained(folder)
+        if setup.models.critic is not None:
             from safetensors.torch import save_model
 
-            save_model(setup.critic.head, str(folder / "value_head.safetensors"))
-    setup.parallel.barrier()
+            save_model(setup.models.critic.head, str(folder / "value_head.safetensors"))
+    setup.services.parallel.barrier()
 
 
 def _save_after_crash(hook) -> None:

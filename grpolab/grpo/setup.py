@@ -1,7 +1,7 @@
 """Builds everything a GRPO run needs from a Config, once, before the loop starts.
 
 All choices (model, reference, loss variant, advantage estimator, rewards, prompt source) are
-made here; the loop in grpo.py only calls what this hands it. Up-front checks (reward names and
+made here; the loop in grpo/loop.py only calls what this hands it. Up-front checks (reward names and
 arguments, model path, prompt data) fail here, before any long work.
 """
 
@@ -11,7 +11,8 @@ import contextlib
 import math
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -35,6 +36,16 @@ from grpolab.reward_models.refresh import RMRefresh
 from grpolab.grpo.speed import resolve_speed
 from grpolab.grpo.overlap import Prefetcher
 from grpolab.grpo.objective import Objective, SkipEmptyRows, build_loss
+from grpolab.grpo.critic import ValueLoss
+from grpolab.grpo.signals import StopSignal
+from grpolab.grpo.speed import Decision
+from grpolab.grpo.stats import StepRecord
+from grpolab.data.stream import PromptStream
+from grpolab.rewards.base import RewardFn
+from grpolab.rewards.pool import RewardPool
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class TrainingStopped(RuntimeError):
@@ -104,58 +115,98 @@ def check_prompt_lengths(cfg: Config, policy, tokenizer, prompts) -> None:
                      f"tokens long, more than {limit} ({why})")
 
 
-@dataclass
-class Setup:
-    """The components of one GRPO run (built by `build_setup`)."""
+ReferenceFactory = Callable[[], AbstractContextManager[torch.nn.Module]]
+"""`reference_factory`'s result: a context manager yielding the frozen reference model."""
+Hook = Callable[[int, dict, StepRecord], None]
+"""Called after every step with (step, metrics row, the step's StepRecord)."""
 
-    cfg: Config
+
+@dataclass
+class Models:
+    """The networks of a run."""
+
     policy: torch.nn.Module
-    tokenizer: Any
-    engine: Engine
-    forward: LogProbForward
-    """The log-prob forward of Phase A's π_old / π_ref passes and Phase B's microbatches."""
-    objective: Objective | SkipEmptyRows
-    advantage_fn: Callable
-    rewards: list
-    prompts: Any
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    sample_gen: torch.Generator
-    shuffle_gen: torch.Generator
-    reference: Callable | None = None
-    progress: Any = None
-    hooks: list = field(default_factory=list)
-    start_step: int = 0
-    on_reward_error: str = "raise"
-    consecutive_skips: int = 0
-    peak_flops: float = 0.0
-    n_params: int = 0
-    stop: Any = None  # e.g. a signals.StopSignal: its .requested ends the loop after the step
-    parallel: Parallel = field(default_factory=Parallel)
-    """The data-parallel group this rank belongs to (one process by default)."""
-    train_model: Any = None
+    tokenizer: PreTrainedTokenizerBase
+    train_model: torch.nn.Module | None = None
     """What the log-prob forwards call (Phase B, and Phase A's π_old pass): the policy, or its compiled
     wrapper (model.compile); same parameters."""
+    reference: ReferenceFactory | None = None
+    """The frozen reference model (a KL term), or None."""
     critic: Critic | None = None
     """PPO's value head on the policy's trunk (loss.advantage=gae); None otherwise."""
-    reward_pool: Any = None
-    """Ray reward workers that score the rollouts (rollout.reward_workers); None = score here."""
-    prefetch: Any = None
-    """rollout.overlap: the next step's batch in flight (grpo.overlap.Prefetcher); None otherwise."""
-    rm_refresh: Any = None
-    """rm_refresh.every_steps > 0: the iterated reward-model updates (reward_models.refresh.RMRefresh)."""
-    speed: list = field(default_factory=list)
-    """The `auto` speed switches as decided for this run (grpo.speed.Decision); cfg holds their values."""
 
     def __post_init__(self) -> None:
         if self.train_model is None:
             self.train_model = self.policy
 
+
+@dataclass
+class Data:
+    """What a step samples and scores (Phase A)."""
+
+    prompts: PromptStream
+    engine: Engine
+    rewards: list[tuple[RewardFn, float]]
+    """The config's reward functions and their weights."""
+    sample_gen: torch.Generator
+    """The sampling stream, seeded per step (`Setup.seed_step`)."""
+    reward_pool: RewardPool | None = None
+    """Ray reward workers that score the rollouts (rollout.reward_workers); None = score here."""
+    prefetch: Prefetcher | None = None
+    """rollout.overlap: the next step's batch in flight (grpo.overlap.Prefetcher); None otherwise."""
+
+
+@dataclass
+class Optimisation:
+    """What learns from a rollout (Phase B)."""
+
+    forward: LogProbForward
+    """The log-prob forward of Phase A's π_old / π_ref passes and Phase B's microbatches."""
+    objective: Objective | SkipEmptyRows | ValueLoss
+    advantage_fn: Callable[..., torch.Tensor]
+    """`algo.advantages.make_advantage_fn`'s: [P, G] rewards (and an all-reduce) -> [P, G] advantages."""
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    shuffle_gen: torch.Generator
+    """The minibatch shuffling stream, seeded per step (`Setup.seed_step`)."""
+
+
+@dataclass
+class Services:
+    """What the run around the loop provides: ranks, progress, hooks, stop signal, RM refresh, figures."""
+
+    parallel: Parallel = field(default_factory=Parallel)
+    """The data-parallel group this rank belongs to (one process by default)."""
+    progress: Progress | None = None
+    hooks: list[Hook] = field(default_factory=list)
+    stop: StopSignal | None = None
+    """Its .requested ends the loop after the step."""
+    rm_refresh: RMRefresh | None = None
+    """rm_refresh.every_steps > 0: the iterated reward-model updates (reward_models.refresh.RMRefresh)."""
+    speed: list[Decision] = field(default_factory=list)
+    """The `auto` speed switches as decided for this run (grpo.speed.Decision); cfg holds their values."""
+    peak_flops: float = 0.0
+    n_params: int = 0
+
+
+@dataclass
+class Setup:
+    """The components of one GRPO run (built by `build_setup`), in typed groups."""
+
+    cfg: Config
+    models: Models
+    data: Data
+    optim: Optimisation
+    services: Services
+    start_step: int = 0
+    on_reward_error: str = "raise"
+    consecutive_skips: int = 0
+
     def seed_step(self, step: int) -> None:
         """Seeds this step's sampling and shuffling streams from (train.seed, rank, step)."""
-        seed, rank = self.cfg.train.seed, self.parallel.rank
-        self.sample_gen.manual_seed(step_seed(seed, rank, step, "sample"))
-        self.shuffle_gen.manual_seed(step_seed(seed, rank, step, "shuffle"))
+        seed, rank = self.cfg.train.seed, self.services.parallel.rank
+        self.data.sample_gen.manual_seed(step_seed(seed, rank, step, "sample"))
+        self.optim.shuffle_gen.manual_seed(step_seed(seed, rank, step, "shuffle"))
 
     def train_mask(self, ro, rewards: torch.Tensor) -> torch.Tensor:
         """The loss mask of Phase B: completion tokens, minus truncated completions and zero-std
@@ -171,11 +222,11 @@ class Setup:
     def optimizer_step(self, st, loss_sum: float) -> None:
         """Clip, then step — or skip the step when the loss or gradient is not finite."""
         max_norm = self.cfg.train.max_grad_norm or float("inf")
-        params = trainable_parameters(self.policy, self.critic)
+        params = trainable_parameters(self.models.policy, self.models.critic)
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # the global norm, sharded grads included
         norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if not (math.isfinite(norm) and math.isfinite(loss_sum)):
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optim.optimizer.zero_grad(set_to_none=True)
             st.skipped += 1
             self.consecutive_skips += 1
             if self.consecutive_skips >= self.cfg.train.max_skipped_steps:
@@ -185,45 +236,45 @@ class Setup:
                     "(train.max_skipped_steps sets the limit)."
                 )
         else:
-            self.optimizer.step()
+            self.optim.optimizer.step()
             self.consecutive_skips = 0
             st.grad_norms.append(norm)
             st.losses.append(loss_sum)
-        self.scheduler.step()
+        self.optim.scheduler.step()
 
     def after_step(self, step: int, row: dict, record) -> None:
         """Calls every hook as hook(step, row, record): the metrics row and the step's StepRecord
         (every rank's groups)."""
-        if self.progress is not None:
-            self.progress.step_done(step + 1, {k: row[k] for k in ("reward/mean", "kl") if k in row})
-        for hook in self.hooks:
+        if self.services.progress is not None:
+            self.services.progress.step_done(step + 1, {k: row[k] for k in ("reward/mean", "kl") if k in row})
+        for hook in self.services.hooks:
             hook(step, row, record)
 
     def prompt_state(self) -> dict:
         """The prompt stream's state for a checkpoint: before a prefetched step's prompts (rollout.overlap)."""
-        held = self.prefetch.prompt_state if self.prefetch is not None else None
-        return held if held is not None else self.prompts.state_dict()
+        held = self.data.prefetch.prompt_state if self.data.prefetch is not None else None
+        return held if held is not None else self.data.prompts.state_dict()
 
     def close(self) -> None:
         """Ends what the run started besides this process: the prefetch thread, Ray workers."""
-        for part in (self.prefetch, self.reward_pool, self.engine):
+        for part in (self.data.prefetch, self.data.reward_pool, self.data.engine):
             if hasattr(part, "close"):
                 part.close()
 
     def should_stop(self) -> bool:
         """A stop was requested (SIGTERM/SIGINT) on this rank or any other: all ranks stop together."""
-        return self.parallel.any(self.stop is not None and self.stop.requested)
+        return self.services.parallel.any(self.services.stop is not None and self.services.stop.requested)
 
     def mfu(self, row: dict) -> float:
         """Model FLOP utilisation of the step: 2·N FLOPs per generated or scored token forward,
         6·N per trained token (forward + backward), against `peak_flops` (0 → reported as 0)."""
-        if not self.peak_flops:
+        if not self.services.peak_flops:
             return 0.0
         fwd_tokens = row["len/mean"] * self.cfg.sequences_per_step
-        passes = (1 if self.cfg.needs_old_logp_pass else 0) + (1 if self.reference is not None else 0)
+        passes = (1 if self.cfg.needs_old_logp_pass else 0) + (1 if self.models.reference is not None else 0)
         train_tokens = fwd_tokens * self.cfg.train.epochs
-        flops = 2 * self.n_params * fwd_tokens * (1 + passes) + 6 * self.n_params * train_tokens
-        return flops / max(row["time/step_s"], 1e-9) / self.peak_flops
+        flops = 2 * self.services.n_params * fwd_tokens * (1 + passes) + 6 * self.services.n_params * train_tokens
+        return flops / max(row["time/step_s"], 1e-9) / self.services.peak_flops
 
 
 def trainable_parameters(policy, critic: Critic | None = None) -> list[torch.nn.Parameter]:
@@ -291,22 +342,18 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     device = next(policy.parameters()).device
     if cfg.train.keep_freed_memory and device.type == "cpu":
         keep_freed_memory()
-    return Setup(
-        cfg=cfg, policy=policy, tokenizer=tokenizer, engine=rollout_engine(cfg, sampler, tokenizer, dtype, parallel),
-        reward_pool=reward_pool(cfg, rewards, parallel), prefetch=Prefetcher() if cfg.rollout.overlap else None,
-        forward=forward,
-        objective=build_loss(cfg.loss, cfg.rollout, forward, critic), critic=critic,
-        advantage_fn=make_advantage_fn(cfg.loss.advantage, cfg.loss.std, cfg.loss.std_eps),
-        rewards=rewards, prompts=prompts, optimizer=opt, scheduler=sched,
-        sample_gen=torch.Generator(device=device).manual_seed(cfg.train.seed),
-        shuffle_gen=torch.Generator().manual_seed(cfg.train.seed + 1),
-        reference=reference,
-        progress=progress if progress is not None else Progress(cfg.train.steps, enabled=False),
-        on_reward_error=cfg.train.on_reward_error,
-        peak_flops=cfg.run.peak_tflops * 1e12,
-        n_params=sum(p.numel() for p in policy.parameters()),
-        train_model=train_model, parallel=parallel, rm_refresh=build_rm_refresh(cfg, rewards), speed=speed,
-    )
+    engine = rollout_engine(cfg, sampler, tokenizer, dtype, parallel)
+    pool = reward_pool(cfg, rewards, parallel)
+    prefetch = Prefetcher() if cfg.rollout.overlap else None
+    objective = build_loss(cfg.loss, cfg.rollout, forward, critic)
+    advantage_fn = make_advantage_fn(cfg.loss.advantage, cfg.loss.std, cfg.loss.std_eps)
+    data = Data(prompts, engine, rewards, torch.Generator(device=device).manual_seed(cfg.train.seed), pool, prefetch)
+    optim = Optimisation(forward, objective, advantage_fn, opt, sched, torch.Generator().manual_seed(cfg.train.seed + 1))
+    services = Services(parallel, progress if progress is not None else Progress(cfg.train.steps, enabled=False),
+                        peak_flops=cfg.run.peak_tflops * 1e12, n_params=sum(p.numel() for p in policy.parameters()),
+                        rm_refresh=build_rm_refresh(cfg, rewards), speed=speed)
+    return Setup(cfg=cfg, models=Models(policy, tokenizer, train_model, reference, critic), data=data, optim=optim,
+                 services=services, on_reward_error=cfg.train.on_reward_error)
 
 
 def build_rm_refresh(cfg, rewards: list, run_dir: Path | None = None) -> RMRefresh | None:

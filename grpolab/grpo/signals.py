@@ -1,7 +1,7 @@
 """Graceful stop on SIGTERM / SIGINT: finish the current step, save a checkpoint, exit.
 
     with StopSignal() as stop:
-        setup.stop = stop               # Setup.should_stop() reads stop.requested
+        setup.services.stop = stop               # Setup.should_stop() reads stop.requested
         grpo.train(setup)               # the loop breaks after the step in which a signal came
 
 The first SIGTERM or SIGINT (Ctrl-C) only sets a flag and prints one line saying what will happen.

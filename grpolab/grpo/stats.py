@@ -201,7 +201,7 @@ class StepStats:
             "mismatch/mean": self.sums.get("mismatch", 0.0) / tok, "mismatch/max": self.mismatch_max,
             "loss": sum(self.losses) / max(len(self.losses), 1),
             "grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1),
-            "lr": s.scheduler.get_last_lr()[0],
+            "lr": s.optim.scheduler.get_last_lr()[0],
             "len/mean": float(lengths.mean()), "len/max": float(lengths.max()),
             "len/truncated_frac": float(record.truncated.float().mean()),
             "time/rollout_s": self.times.get("rollout", 0.0), "time/score_s": self.times.get("score", 0.0),

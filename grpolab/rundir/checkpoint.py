@@ -221,7 +221,7 @@ def set_rng_state(state: dict) -> None:
 
 def reference_model(setup) -> torch.nn.Module | None:
     """The reference model when it is a separate module (a frozen copy); None without KL or with LoRA."""
-    return getattr(setup.reference, "model", None) if setup.reference is not None else None
+    return getattr(setup.models.reference, "model", None) if setup.models.reference is not None else None
 
 
 def write_state(setup, d: Path, step: int, reference_from: Path | None = None) -> None:
@@ -230,22 +230,22 @@ def write_state(setup, d: Path, step: int, reference_from: Path | None = None) -
     from grpolab import config as C
 
     ref = reference_model(setup)
-    if setup.parallel.active:
+    if setup.services.parallel.active:
         from grpolab.parallel.checkpoint import save_sharded
 
-        save_sharded(d / "dcp", setup.policy, setup.optimizer, ref)
-        if not setup.parallel.is_main:
+        save_sharded(d / "dcp", setup.models.policy, setup.optim.optimizer, ref)
+        if not setup.services.parallel.is_main:
             return
     else:
-        save_model(setup.policy, str(d / "model.safetensors"))
-        if getattr(setup, "critic", None) is not None:
-            save_model(setup.critic.head, str(d / "value_head.safetensors"))
+        save_model(setup.models.policy, str(d / "model.safetensors"))
+        if setup.models.critic is not None:
+            save_model(setup.models.critic.head, str(d / "value_head.safetensors"))
         if ref is not None:
             _write_reference(ref, d / "reference.safetensors", reference_from)
-        torch.save(setup.optimizer.state_dict(), d / "optimizer.pt")
-    torch.save(setup.scheduler.state_dict(), d / "scheduler.pt")
-    if getattr(setup, "rm_refresh", None) is not None:
-        setup.rm_refresh.save(d)
+        torch.save(setup.optim.optimizer.state_dict(), d / "optimizer.pt")
+    torch.save(setup.optim.scheduler.state_dict(), d / "scheduler.pt")
+    if setup.services.rm_refresh is not None:
+        setup.services.rm_refresh.save(d)
     torch.save(rng_state(), d / "rng.pt")
     _write_json(d / "data.json", setup.prompt_state())
     _write_json(d / "state.json", {"step": step, "consecutive_skips": setup.consecutive_skips})
@@ -275,7 +275,7 @@ def save_checkpoint(setup, root: str | os.PathLike, step: int, keep: int,
         a checkpoint covers are on disk before it is.
     An existing step-<step> is replaced only once the new one is complete.
     """
-    root, par = Path(root), setup.parallel
+    root, par = Path(root), setup.services.parallel
     main = par.is_main
     final, tmp = root / f"step-{step}", root / par.broadcast(f".tmp-step-{step}-{os.getpid()}")  # rank 0's name
     if main:
@@ -374,34 +374,34 @@ def load_checkpoint(setup, path: str | os.PathLike, verify: bool = True) -> int:
     else:
         _load_single(setup, path)
     try:
-        setup.scheduler.load_state_dict(_load_pt(path / "scheduler.pt"))
+        setup.optim.scheduler.load_state_dict(_load_pt(path / "scheduler.pt"))
     except (ValueError, KeyError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint file {path / 'scheduler.pt'} does not fit this run: {e}") from None
     set_rng_state(_load_pt(path / "rng.pt"))
     try:
-        setup.prompts.load_state_dict(json.loads((path / "data.json").read_text()))
+        setup.data.prompts.load_state_dict(json.loads((path / "data.json").read_text()))
         state = json.loads((path / "state.json").read_text())
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"checkpoint {path}: data.json or state.json cannot be used ({e})") from None
-    if getattr(setup, "rm_refresh", None) is not None:
-        setup.rm_refresh.load(path)
+    if setup.services.rm_refresh is not None:
+        setup.services.rm_refresh.load(path)
     setup.start_step = int(state["step"])
     setup.consecutive_skips = int(state.get("consecutive_skips", 0))
-    setup.engine.load_weights(setup.start_step, setup.parallel.full_state(setup.policy))  # an engine's own copy
+    setup.data.engine.load_weights(setup.start_step, setup.services.parallel.full_state(setup.models.policy))  # an engine's own copy
     return setup.start_step
 
 
 def _load_single(setup, path: Path) -> None:
     """Weights, reference and AdamW state of a one-process checkpoint (safetensors + optimizer.pt);
     DDP ranks each load the whole of it."""
-    if setup.parallel.shards_parameters:
+    if setup.services.parallel.shards_parameters:
         return _load_sharded(setup, path, one_process=True)
-    load_weights(setup.policy, path / "model.safetensors")
-    if getattr(setup, "critic", None) is not None:
+    load_weights(setup.models.policy, path / "model.safetensors")
+    if setup.models.critic is not None:
         if not (path / "value_head.safetensors").is_file():
             raise CheckpointError(f"checkpoint {path} has no value_head.safetensors but this config trains a value "
                                   "head (loss.advantage=gae); was it saved by another preset?")
-        load_weights(setup.critic.head, path / "value_head.safetensors")
+        load_weights(setup.models.critic.head, path / "value_head.safetensors")
     ref = reference_model(setup)
     if ref is not None:
         if not (path / "reference.safetensors").is_file():
@@ -409,7 +409,7 @@ def _load_single(setup, path: Path) -> None:
                                   "reference model (loss.kl_coef > 0); was the KL turned on after it was saved?")
         load_weights(ref, path / "reference.safetensors")
     try:
-        setup.optimizer.load_state_dict(_load_pt(path / "optimizer.pt"))
+        setup.optim.optimizer.load_state_dict(_load_pt(path / "optimizer.pt"))
     except (ValueError, KeyError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint file {path / 'optimizer.pt'} does not fit this run: {e}") from None
 
@@ -421,9 +421,9 @@ def _load_sharded(setup, path: Path, one_process: bool = False) -> None:
 
     try:
         if one_process:
-            dck.load_one_process_checkpoint(path, setup.policy, setup.optimizer, reference_model(setup))
+            dck.load_one_process_checkpoint(path, setup.models.policy, setup.optim.optimizer, reference_model(setup))
         else:
-            dck.load_sharded(path / "dcp", setup.policy, setup.optimizer, reference_model(setup))
+            dck.load_sharded(path / "dcp", setup.models.policy, setup.optim.optimizer, reference_model(setup))
     except dck.CheckpointLoadError as e:
         raise CheckpointError(str(e)) from None
 

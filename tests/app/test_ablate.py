@@ -190,7 +190,7 @@ def test_summary_reports_changes_beyond_the_seed_spread_only():
     assert "+0.020 (0.4 pooled sd: within the seed spread)" in _line(lines, "- reward normalization")
     assert "-0.120 (2.7 pooled sd: beyond" in _line(lines, "- importance sampling + clipping")
     assert "within the seed spread" in _line(lines, "- KL penalty")
-    verdict = _line(lines, "Seed 004")
+    verdict = _line(lines, "The SFT-to-GRPO spectrum")
     assert ("negative gradient helps (agrees); reward normalization no change beyond the seed spread (disagrees); "
             "importance sampling + clipping, with several updates per rollout hurts (agrees); KL penalty no change "
             "beyond the seed spread (agrees): 3 of 4 agree") in verdict
@@ -201,7 +201,7 @@ def test_summary_reports_changes_beyond_the_seed_spread_only():
     acc["reinforce"] = [0.38, 0.43, 0.48]
     lines = _summary(acc)
     assert "within the seed spread" in _line(lines, "- negative gradient")
-    assert "negative gradient no change beyond the seed spread (disagrees)" in _line(lines, "Seed 004")
+    assert "negative gradient no change beyond the seed spread (disagrees)" in _line(lines, "The SFT-to-GRPO spectrum")
 
 
 def test_summary_with_grpo_no_is_splits_the_third_step():
@@ -211,7 +211,7 @@ def test_summary_with_grpo_no_is_splits_the_third_step():
     assert _line(lines, "- importance sampling + clipping (grpo_no_is → grpo_no_kl)")
     # equal means: the tricks seed 004 calls essential disagree, the droppable ones agree; the extra
     # updates are no trick of seed 004's and are not counted
-    assert _line(lines, "Seed 004").endswith("2 of 4 agree.")
+    assert _line(lines, "The SFT-to-GRPO spectrum").endswith("2 of 4 agree.")
 
 
 def test_compare_edge_cases():

@@ -71,10 +71,11 @@ def _fake_setup(signals: list[bool], P: int, cap: int, parallel: Parallel | None
     items = [PromptItem(f"p{i}", {"signal": sig, "i": i}) for i, sig in enumerate(signals)]
     stream = ListStream(items, seed=0)
     stream._order = list(range(len(items)))  # in order, so the test knows which prompt comes when
-    return SimpleNamespace(cfg=cfg, parallel=parallel or Parallel(), prompts=stream, engine=FakeEngine(),
-                           rewards=[(_named(_signal_reward), 1.0)], on_reward_error="raise",
-                           sample_gen=torch.Generator().manual_seed(0), tokenizer=SimpleNamespace(pad_token_id=0),
-                           progress=SimpleNamespace(phase=lambda *a: None), reward_pool=None, prefetch=None)
+    data = SimpleNamespace(prompts=stream, engine=FakeEngine(), rewards=[(_named(_signal_reward), 1.0)],
+                           sample_gen=torch.Generator().manual_seed(0), reward_pool=None, prefetch=None)
+    services = SimpleNamespace(parallel=parallel or Parallel(), progress=SimpleNamespace(phase=lambda *a: None))
+    return SimpleNamespace(cfg=cfg, data=data, services=services, on_reward_error="raise",
+                           models=SimpleNamespace(tokenizer=SimpleNamespace(pad_token_id=0)))
 
 
 def _named(fn):
@@ -96,8 +97,8 @@ def test_a_filtered_batch_has_exactly_p_groups_none_of_equal_rewards():
     assert _ids(b) == [0, 5, 6, 13]  # the first 4 groups with a signal, in draw order; 14, 15 cut off
     assert not zero_std_groups(b.rewards.view(-1, G)).any()
     assert b.rollout.num_sequences == 4 * G and len(b.texts) == 4 * G and b.scores["signal"].shape == (4 * G,)
-    assert (st.gen_batches, st.dropped_groups, s.engine.calls) == (4, 10, 4)
-    assert s.prompts.pos == 16 and st.notes == []
+    assert (st.gen_batches, st.dropped_groups, s.data.engine.calls) == (4, 10, 4)
+    assert s.data.prompts.pos == 16 and st.notes == []
 
 
 def test_rows_stay_consistent_across_batches_of_different_prompt_widths():
@@ -118,7 +119,7 @@ def test_the_cap_fills_the_batch_with_the_earliest_dropped_groups_and_says_so():
     s = _fake_setup([False, True, False, False] + [False] * 20, P=4, cap=3)
     st = StepStats(0)
     b = draw_batch(s, st)
-    assert st.gen_batches == 3 == s.engine.calls and s.prompts.pos == 12  # stopped at the cap
+    assert st.gen_batches == 3 == s.data.engine.calls and s.data.prompts.pos == 12  # stopped at the cap
     assert sorted(_ids(b)) == [0, 1, 2, 3]  # the signal group and the 3 earliest without one
     assert zero_std_groups(b.rewards.view(-1, G)).tolist() == [True, False, True, True]
     assert st.dropped_groups == 12 - 4  # generated groups of equal rewards, minus the 3 that fill
@@ -133,7 +134,7 @@ def test_no_cap_keeps_generating_and_one_batch_without_dynamic_sampling():
     s = _fake_setup(signals, P=4, cap=0)
     s.cfg = s.cfg.replace(**{"rollout.dynamic_sampling": False})
     st = StepStats(0)
-    assert _ids(draw_batch(s, st)) == [0, 1, 2, 3] and st.gen_batches is None and s.engine.calls == 1
+    assert _ids(draw_batch(s, st)) == [0, 1, 2, 3] and st.gen_batches is None and s.data.engine.calls == 1
 
 
 def test_pick_groups_prefers_signal_in_draw_order_then_fills():
@@ -186,8 +187,8 @@ def test_two_ranks_draw_in_lockstep_and_each_fills_its_own_share():
     (b0, st0), (b1, st1) = out[0], out[1]
     assert _ids(b0) == [0, 1] and _ids(b1) == [6, 11]
     assert st0.gen_batches == st1.gen_batches == 3  # every rank drew every batch ...
-    assert setups[0].prompts.state_dict() == setups[1].prompts.state_dict() == {"epoch": 0, "pos": 12}
-    assert (setups[0].engine.calls, setups[1].engine.calls) == (1, 3)  # ... but a full rank generated no more
+    assert setups[0].data.prompts.state_dict() == setups[1].data.prompts.state_dict() == {"epoch": 0, "pos": 12}
+    assert (setups[0].data.engine.calls, setups[1].data.engine.calls) == (1, 3)  # ... but a full rank generated no more
     assert (st0.dropped_groups, st1.dropped_groups) == (0, 4)  # summed over ranks by StepStats.reduce
 
 
@@ -222,9 +223,9 @@ LOOP = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_t
 def test_the_loop_trains_on_p_groups_of_unequal_rewards(monkeypatch):
     s = _tiny_setup(C.from_preset("dapo", LOOP + ["train.steps=3", "rollout.max_generation_batches=0"]))
     seen, drawn = [], []
-    real_learn, real_next = grpo.learn, s.prompts.next_batch
+    real_learn, real_next = grpo.learn, s.data.prompts.next_batch
     monkeypatch.setattr(grpo, "learn", lambda setup, ro, st: seen.append(ro) or real_learn(setup, ro, st))
-    monkeypatch.setattr(s.prompts, "next_batch", lambda n: drawn.append(n) or real_next(n))
+    monkeypatch.setattr(s.data.prompts, "next_batch", lambda n: drawn.append(n) or real_next(n))
     rows = grpo.train(s)
     for ro in seen:
         assert ro.num_sequences == 4 * 4
@@ -261,15 +262,15 @@ def test_a_masked_truncated_completion_contributes_no_gradient(agg):
     cfg = C.from_preset("dapo", LOOP + [f"loss.loss_agg={agg}", "loss.mask_truncated=true"])
     s = _tiny_setup(cfg)
     g = torch.Generator().manual_seed(0)
-    ro = s.engine.generate(["12+3=", "4*5="], 4, generator=g)
+    ro = s.data.engine.generate(["12+3=", "4*5="], 4, generator=g)
     ro = ro.replace(truncated=torch.arange(8) == 5, advantages=torch.randn(8, generator=g))
-    objective = build_objective(cfg.loss, cfg.rollout, s.forward)  # not SkipEmptyRows: row 5 is forwarded
+    objective = build_objective(cfg.loss, cfg.rollout, s.optim.forward)  # not SkipEmptyRows: row 5 is forwarded
 
     def grads(r):
-        s.policy.zero_grad(set_to_none=True)
-        loss, _ = objective(s.train_model, r, objective.normalizer(r.loss_mask))
+        s.models.policy.zero_grad(set_to_none=True)
+        loss, _ = objective(s.models.train_model, r, objective.normalizer(r.loss_mask))
         loss.backward()
-        return [p.grad.clone() for p in s.policy.parameters()]
+        return [p.grad.clone() for p in s.models.policy.parameters()]
 
     mask = s.train_mask(ro, torch.arange(8.0))  # unequal rewards: no group is filtered
     assert not mask[5].any() and all(mask[i].any() for i in range(8) if i != 5)

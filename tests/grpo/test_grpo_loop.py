@@ -58,9 +58,9 @@ def _char_sum_reward():
 def test_old_logp_untouched_ratio_one_first_micro_and_params_change(monkeypatch):
     cfg = _cfg().replace(rewards=_char_sum_reward())
     s = _setup(cfg)
-    spy = _Spy(s.objective)
-    s.objective = spy
-    before = {k: v.clone() for k, v in s.policy.state_dict().items()}
+    spy = _Spy(s.optim.objective)
+    s.optim.objective = spy
+    before = {k: v.clone() for k, v in s.models.policy.state_dict().items()}
     seen = {}
     real_learn = grpo.learn
 
@@ -84,7 +84,7 @@ def test_old_logp_untouched_ratio_one_first_micro_and_params_change(monkeypatch)
     assert abs(first["ratio_min"] - 1.0) < 1e-5 and abs(first["ratio_max"] - 1.0) < 1e-5
     moved = max(max(abs(c["ratio_max"] - 1.0), abs(c["ratio_min"] - 1.0)) for c in spy.calls[1:4])
     assert moved > 1e-4  # later minibatches moved
-    after = s.policy.state_dict()
+    after = s.models.policy.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
@@ -92,8 +92,8 @@ def test_single_minibatch_single_epoch_skips_old_logp_pass():
     cfg = _cfg("train.epochs=1", "train.minibatch_size=16", "train.microbatch_size=16", "train.steps=1")
     assert not cfg.needs_old_logp_pass
     s = _setup(cfg)
-    spy = _Spy(s.objective)
-    s.objective = spy
+    spy = _Spy(s.optim.objective)
+    s.optim.objective = spy
     grpo.train(s)
     assert spy.calls[0]["old"] is None  # old = new.detach(): ratio ≡ 1
     assert spy.calls[0]["ratio_min"] == 1.0 == spy.calls[0]["ratio_max"]
@@ -109,13 +109,13 @@ def test_one_minibatch_per_epoch_records_old_logp_in_epoch_zero(monkeypatch):
     real_learn, results = grpo.learn, []
     for explicit in (False, True):
         s = _setup(cfg)
-        s.policy.double()  # fp64: the two paths differ only by float rounding
-        spy = _Spy(s.objective)
-        s.objective = spy
+        s.models.policy.double()  # fp64: the two paths differ only by float rounding
+        spy = _Spy(s.optim.objective)
+        s.optim.objective = spy
 
         def learn(setup, ro, st):
             assert ro.old_logp is None  # Phase A skipped the π_old pass
-            ref = batched_logprobs(setup.policy, ro, cfg.rollout.temperature, 16, None)
+            ref = batched_logprobs(setup.models.policy, ro, cfg.rollout.temperature, 16, None)
             real_learn(setup, ro.replace(old_logp=ref) if explicit else ro, st)
 
         monkeypatch.setattr(grpo, "learn", learn)
@@ -124,10 +124,10 @@ def test_one_minibatch_per_epoch_records_old_logp_in_epoch_zero(monkeypatch):
             # 2 epochs × 4 microbatches: epoch 0 has old = None (ratio ≡ 1), epoch 1 reads the recorded old
             assert [c["old"] is None for c in spy.calls] == [True] * 4 + [False] * 4
             assert all(c["ratio_min"] == 1.0 == c["ratio_max"] for c in spy.calls[:4])
-        results.append({k: v.clone() for k, v in s.policy.state_dict().items()})
+        results.append({k: v.clone() for k, v in s.models.policy.state_dict().items()})
     for k in results[0]:
         torch.testing.assert_close(results[0][k], results[1][k])
-    assert any(not torch.equal(results[0][k], _setup(cfg).policy.state_dict()[k].double()) for k in results[0])
+    assert any(not torch.equal(results[0][k], _setup(cfg).models.policy.state_dict()[k].double()) for k in results[0])
 
 
 def test_scatter_rows_puts_trimmed_pieces_back():
@@ -149,11 +149,11 @@ def test_microbatch_size_does_not_change_the_update(agg):
                    "train.steps=1", f"loss.loss_agg={agg}", "loss.kl_coef=0.04",
                    "train.max_grad_norm=0")  # clipping is also linear, but keep the check exact
         s = _setup(cfg)
-        s.policy.double()  # fp64: the sums differ only by float rounding of the accumulation order
-        if s.reference is not None:
-            s.reference().__enter__().double()
+        s.models.policy.double()  # fp64: the sums differ only by float rounding of the accumulation order
+        if s.models.reference is not None:
+            s.models.reference().__enter__().double()
         grpo.train(s)
-        results.append({k: v.clone() for k, v in s.policy.state_dict().items()})
+        results.append({k: v.clone() for k, v in s.models.policy.state_dict().items()})
     for k in results[0]:
         torch.testing.assert_close(results[1][k], results[0][k])
 
@@ -180,11 +180,11 @@ def test_padding_free_forwards_give_the_same_training(monkeypatch):
         cfg = _cfg(f"model.padding_free={str(padding_free).lower()}", "loss.kl_coef=0.04", "train.minibatch_size=8",
                    "rollout.max_new_tokens=8", "rollout.temperature=2.0")
         s = _setup(cfg)
-        assert s.forward.layout.name == ("padding_free" if padding_free else "padded")
-        s.policy.double()
-        s.reference().__enter__().double()
+        assert s.optim.forward.layout.name == ("padding_free" if padding_free else "padded")
+        s.models.policy.double()
+        s.models.reference().__enter__().double()
         rows = grpo.train(s)
-        results.append(({k: v.clone() for k, v in s.policy.state_dict().items()}, rows))
+        results.append(({k: v.clone() for k, v in s.models.policy.state_dict().items()}, rows))
         assert (len(packed) > 0) is padding_free
     # per step: 2 chunks each for π_old and π_ref, 2 epochs × 2 minibatches of one microbatch
     assert len(packed) == 2 * (2 + 2 + 4)
@@ -220,14 +220,14 @@ def test_shared_prompt_forwards_give_the_same_training(monkeypatch, minibatch, m
                    f"train.microbatch_size={microbatch}", "rollout.max_new_tokens=8", "rollout.temperature=2.0",
                    f"model.padding_free={str(shared and padding_free).lower()}")
         s = _setup(cfg)
-        assert s.forward.layout.whole_groups is shared and cfg.needs_old_logp_pass is (minibatch < 16)
-        draw = (lambda n, g, gen: group_permutation(n, g, gen)) if not shared else partial(real_order, s.forward)
+        assert s.optim.forward.layout.whole_groups is shared and cfg.needs_old_logp_pass is (minibatch < 16)
+        draw = (lambda n, g, gen: group_permutation(n, g, gen)) if not shared else partial(real_order, s.optim.forward)
         monkeypatch.setattr(LogProbForward, "row_order",
                             lambda self, n, g, gen, draw=draw: orders.append(draw(n, g, gen)) or orders[-1])
-        s.policy.double()
-        s.reference().__enter__().double()
+        s.models.policy.double()
+        s.models.reference().__enter__().double()
         rows = grpo.train(s)
-        results.append(({k: v.clone() for k, v in s.policy.state_dict().items()}, rows))
+        results.append(({k: v.clone() for k, v in s.models.policy.state_dict().items()}, rows))
         assert (len(grouped) > 0) is shared
     # per step, 16 rows in chunks of `microbatch`: the π_old pass (2 minibatches only), the π_ref pass,
     # 2 epochs of 16 rows in Phase B
@@ -270,7 +270,7 @@ def test_microbatches_group_rows_of_similar_length():
             seen.append(micro.completion_lengths.tolist())
             return self.obj(model, micro, normalizer)
 
-    s.objective = Lengths(s.objective)
+    s.optim.objective = Lengths(s.optim.objective)
     grpo.train(s)
     assert len(seen) == 3 * 4 and all(len(m) == 4 for m in seen)
     assert len({n for m in seen for n in m}) > 1  # the rollouts did vary in length
@@ -299,13 +299,13 @@ def test_model_compile_runs_the_old_and_reference_passes_through_the_compiled_wr
     monkeypatch.setattr(LogProbForward, "rollout_logprobs", spy)
     monkeypatch.setattr(grpo, "learn", lambda *a: None)
     generated_by = []
-    generate = s.engine.generate_with
-    monkeypatch.setattr(s.engine, "generate_with",
+    generate = s.data.engine.generate_with
+    monkeypatch.setattr(s.data.engine, "generate_with",
                         lambda model, *a, **k: generated_by.append(model) or generate(model, *a, **k))
     grpo.train(s)
-    with s.reference() as ref:
-        assert seen == [s.train_model, ref]
-    assert all(isinstance(m, CompiledBlocks) for m in seen) and generated_by == [s.policy]
+    with s.models.reference() as ref:
+        assert seen == [s.models.train_model, ref]
+    assert all(isinstance(m, CompiledBlocks) for m in seen) and generated_by == [s.models.policy]
 
 
 @pytest.mark.parametrize("preset", ["onpolicy_sft", "reinforce", "reinforce_norm"])
@@ -315,5 +315,5 @@ def test_presets_without_a_ratio_update_once_per_rollout(preset):
                                  "run.progress=false"])
     s = _setup(cfg)
     grpo.train(s)
-    steps = {int(st["step"]) for st in s.optimizer.state.values() if "step" in st}
-    assert steps <= {3} and s.scheduler.last_epoch == 3  # one optimizer step per rollout (skipped ones count too)
+    steps = {int(st["step"]) for st in s.optim.optimizer.state.values() if "step" in st}
+    assert steps <= {3} and s.optim.scheduler.last_epoch == 3  # one optimizer step per rollout (skipped ones count too)

@@ -38,14 +38,14 @@ class _Poison:
 
 def _run(tmp_path, poison, *ov):
     s = build_setup(C.from_preset("grpo", TINY + list(ov)))
-    s.objective = _Poison(s.objective, poison)
+    s.optim.objective = _Poison(s.optim.objective, poison)
     snapshots = {}  # step -> (weights, data cursor) at its end
 
     def snap(step, *rest):
-        weights = {k: v.clone() for k, v in s.policy.state_dict().items()}
-        snapshots[step] = (weights, json.loads(json.dumps(s.prompts.state_dict())))
+        weights = {k: v.clone() for k, v in s.models.policy.state_dict().items()}
+        snapshots[step] = (weights, json.loads(json.dumps(s.data.prompts.state_dict())))
 
-    s.hooks.append(snap)
+    s.services.hooks.append(snap)
     code = train_in_run_dir(s, tmp_path)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return s, code, rows, snapshots
@@ -103,7 +103,7 @@ def test_consecutive_skips_stop_with_a_message_and_the_last_good_state(tmp_path,
     fresh = build_setup(C.from_preset("grpo", TINY + ["train.steps=6"]))
     assert ck.load_checkpoint(fresh, path) == 3
     # the weights of the last good optimizer step (end of step 1; steps 2 and 3 changed nothing)
-    for k, v in fresh.policy.state_dict().items():
+    for k, v in fresh.models.policy.state_dict().items():
         assert torch.equal(v, snaps[1][0][k]), k
         assert torch.isfinite(v).all()
     # and the step boundary: the data cursor as step 2 left it, a fresh skip counter

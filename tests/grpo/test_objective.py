@@ -21,17 +21,17 @@ def test_skip_empty_rows_keeps_the_gradient_and_the_logprobs(shared_prompt):
                                  "train.microbatch_size=8", "run.tensorboard=false", "run.progress=false",
                                  f"model.shared_prompt={str(shared_prompt).lower()}"])
     s = build_setup(cfg, policy=model, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))
-    assert isinstance(s.objective, SkipEmptyRows)  # loss.filter_zero_std_groups can empty rows
-    plain: Objective = s.objective.objective
-    items = s.prompts.next_batch(4)
-    ro = s.engine.generate([it.prompt for it in items], 2, generator=torch.Generator().manual_seed(0))
+    assert isinstance(s.optim.objective, SkipEmptyRows)  # loss.filter_zero_std_groups can empty rows
+    plain: Objective = s.optim.objective.objective
+    items = s.data.prompts.next_batch(4)
+    ro = s.data.engine.generate([it.prompt for it in items], 2, generator=torch.Generator().manual_seed(0))
     mask = ro.loss_mask.clone()
     mask[2:6] = False  # two groups dropped as zero-variance
     mask[7] = False  # one truncated completion masked out (its group stays)
     ro = ro.replace(loss_mask=mask, advantages=torch.tensor([1.0, -1.0, 0, 0, 0, 0, 0.5, -0.5]))
     norm = plain.normalizer(ro.loss_mask)
     grads, logps = [], []
-    for obj in (plain, s.objective):
+    for obj in (plain, s.optim.objective):
         model.zero_grad()
         loss, stats = obj(model, ro, norm)
         loss.backward()
@@ -55,8 +55,8 @@ def test_skip_empty_rows_of_an_all_empty_microbatch_gives_a_zero_loss_with_a_gra
     cfg = C.from_preset("dapo", ["rollout.prompts_per_step=2", "rollout.group_size=2", "train.minibatch_size=4",
                                  "train.microbatch_size=4", "run.tensorboard=false", "run.progress=false"])
     s = build_setup(cfg, policy=model, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))
-    ro = s.engine.generate([it.prompt for it in s.prompts.next_batch(2)], 2, generator=torch.Generator().manual_seed(0))
+    ro = s.data.engine.generate([it.prompt for it in s.data.prompts.next_batch(2)], 2, generator=torch.Generator().manual_seed(0))
     ro = ro.replace(loss_mask=torch.zeros_like(ro.loss_mask), advantages=torch.ones(4))
-    loss, stats = s.objective(model, ro, s.objective.normalizer(ro.loss_mask))
+    loss, stats = s.optim.objective(model, ro, s.optim.objective.normalizer(ro.loss_mask))
     loss.backward()
     assert float(loss.detach()) == 0.0 and stats["logp"].shape == ro.loss_mask.shape

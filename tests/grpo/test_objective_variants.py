@@ -48,7 +48,7 @@ def _setup(cfg: C.Config):
 def _capture(monkeypatch, s) -> dict:
     """Records what the loop hands the advantage function and Phase B."""
     seen: dict = {}
-    real_adv, real_learn = s.advantage_fn, grpo.learn
+    real_adv, real_learn = s.optim.advantage_fn, grpo.learn
 
     def advantage_fn(rewards, reduce):
         seen["adv_in"] = rewards.clone()
@@ -58,7 +58,7 @@ def _capture(monkeypatch, s) -> dict:
         seen["ro"] = ro
         real_learn(setup, ro, st)
 
-    s.advantage_fn = advantage_fn
+    s.optim.advantage_fn = advantage_fn
     monkeypatch.setattr(grpo, "learn", learn)
     return seen
 
@@ -72,13 +72,13 @@ def _capture(monkeypatch, s) -> dict:
 def test_policy_loss_options_are_bound_from_the_config(loss, keywords):
     cfg = _cfg(f"loss.policy_loss={loss}", "loss.cispo_ratio_max=2.5", "loss.sapo_temperature_pos=0.5",
                "loss.sapo_temperature_neg=2.0")
-    objective = _setup(cfg).objective
+    objective = _setup(cfg).optim.objective
     assert objective.policy_loss.keywords == keywords
 
 
 def _rollout(s, n_prompts=4):
-    items = s.prompts.next_batch(n_prompts)
-    ro = s.engine.generate([it.prompt for it in items], s.cfg.rollout.group_size,
+    items = s.data.prompts.next_batch(n_prompts)
+    ro = s.data.engine.generate([it.prompt for it in items], s.cfg.rollout.group_size,
                            generator=torch.Generator().manual_seed(0))
     g = torch.Generator().manual_seed(1)
     return ro.replace(advantages=torch.randn(ro.num_sequences, generator=g),
@@ -90,9 +90,9 @@ def test_kl_in_reward_takes_the_kl_term_out_of_the_loss_but_still_measures_it():
     for name, ov in (("in_loss", []), ("in_reward", ["loss.kl_in_reward=true"]), ("none", ["loss.kl_coef=0"])):
         s = _setup(_cfg("loss.kl_coef=0.5", *ov))
         ro = _rollout(s)
-        loss, stats = s.objective(s.policy, ro, s.objective.normalizer(ro.loss_mask))
+        loss, stats = s.optim.objective(s.models.policy, ro, s.optim.objective.normalizer(ro.loss_mask))
         losses[name], kls[name] = loss.detach(), stats["kl"]
-    assert _setup(_cfg("loss.kl_coef=0.5", "loss.kl_in_reward=true")).objective.kl_coef == 0.0
+    assert _setup(_cfg("loss.kl_coef=0.5", "loss.kl_in_reward=true")).optim.objective.kl_coef == 0.0
     torch.testing.assert_close(losses["in_reward"], losses["none"])  # no KL term in the loss
     assert not torch.allclose(losses["in_loss"], losses["none"])
     torch.testing.assert_close(kls["in_reward"], kls["in_loss"])  # the same KL, reported
@@ -102,19 +102,19 @@ def test_kl_in_reward_takes_the_kl_term_out_of_the_loss_but_still_measures_it():
 def test_bnpo_skipping_empty_rows_keeps_the_loss_and_the_gradient():
     cfg = _cfg("loss.loss_agg=bnpo", "loss.mask_truncated=true", "loss.kl_coef=0")
     s = _setup(cfg)
-    s.policy.double()
-    assert isinstance(s.objective, SkipEmptyRows)
+    s.models.policy.double()
+    assert isinstance(s.optim.objective, SkipEmptyRows)
     ro = _rollout(s)
     mask = ro.loss_mask.clone()
     mask[[1, 5, 6]] = False  # three masked completions
     ro = ro.replace(loss_mask=mask)
-    norm = s.objective.normalizer(mask)
+    norm = s.optim.objective.normalizer(mask)
     out = []
-    for obj in (s.objective.objective, s.objective):
-        s.policy.zero_grad()
-        total = sum(obj(s.policy, ro.select(torch.arange(k, k + 8)), norm)[0] for k in (0, 8))
+    for obj in (s.optim.objective.objective, s.optim.objective):
+        s.models.policy.zero_grad()
+        total = sum(obj(s.models.policy, ro.select(torch.arange(k, k + 8)), norm)[0] for k in (0, 8))
         total.backward()
-        out.append((total.detach(), [p.grad.clone() for p in s.policy.parameters()]))
+        out.append((total.detach(), [p.grad.clone() for p in s.models.policy.parameters()]))
     torch.testing.assert_close(out[1][0], out[0][0])
     for a, b in zip(out[0][1], out[1][1]):
         torch.testing.assert_close(b, a)
@@ -127,7 +127,7 @@ def test_kl_in_reward_reads_old_and_ref_logprobs_before_the_advantages(monkeypat
     assert cfg.minibatches_per_epoch == 1 and cfg.needs_old_logp_pass  # one minibatch, but the KL reads π_old
     s = _setup(cfg)
     with torch.no_grad():  # a reference unlike π_old, so the penalty is not ~0
-        for p in s.reference().__enter__().parameters():
+        for p in s.models.reference().__enter__().parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
     seen = _capture(monkeypatch, s)
     grpo.train(s)
@@ -148,7 +148,7 @@ def test_batch_std_reduces_its_statistics_over_the_ranks(monkeypatch):
     for std in ("batch", "sample"):
         calls: list = []
         s = _setup(_cfg(f"loss.std={std}", "loss.kl_coef=0"))
-        s.parallel = Spy()
+        s.services.parallel = Spy()
         seen = _capture(monkeypatch, s)
         grpo.train(s)
         stats = [c for c in calls if c.dtype == torch.float64]  # batch_std's count and sum, then Σ squares
@@ -166,7 +166,7 @@ def test_normalize_then_sum_shapes_the_advantages_not_the_reported_reward(monkey
     s = _setup(cfg)
     seen = _capture(monkeypatch, s)
     records = []
-    s.hooks.append(lambda step, row, record: records.append(record))
+    s.services.hooks.append(lambda step, row, record: records.append(record))
     grpo.train(s)
     scores, ro = records[0].scores, seen["ro"]
     weights = {"t43_char_sum": 1.0, "t43_length": 1.0}
@@ -183,10 +183,10 @@ def test_normalize_then_sum_shapes_the_advantages_not_the_reported_reward(monkey
 def test_each_new_option_trains(ov):
     cfg = _cfg("train.minibatch_size=8", "train.microbatch_size=4", "train.epochs=2", *ov)
     s = _setup(cfg)
-    before = {k: v.clone() for k, v in s.policy.state_dict().items()}
+    before = {k: v.clone() for k, v in s.models.policy.state_dict().items()}
     rows = grpo.train(s)
     assert len(rows) == 1 and s.consecutive_skips == 0  # no step skipped for a non-finite loss or gradient
-    assert any(not torch.equal(before[k], v) for k, v in s.policy.state_dict().items())
+    assert any(not torch.equal(before[k], v) for k, v in s.models.policy.state_dict().items())
 
 
 # ----------------------------------------------------------------------------- validation

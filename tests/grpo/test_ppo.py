@@ -53,10 +53,10 @@ def _setup(cfg: C.Config):
 @pytest.mark.parametrize("ov", [[], ["loss.filter_zero_std_groups=true"]])  # the latter: under SkipEmptyRows
 def test_ppo_preset_trains_and_reports_the_value_metrics(monkeypatch, ov):
     s = _setup(_cfg(*ov))
-    wrapped = s.objective.objective if isinstance(s.objective, SkipEmptyRows) else s.objective
-    assert isinstance(wrapped, ValueLoss) and s.critic is not None and s.reference is not None  # KL in the reward
-    head = {k: v.clone() for k, v in s.critic.head.state_dict().items()}
-    policy = {k: v.clone() for k, v in s.policy.state_dict().items()}
+    wrapped = s.optim.objective.objective if isinstance(s.optim.objective, SkipEmptyRows) else s.optim.objective
+    assert isinstance(wrapped, ValueLoss) and s.models.critic is not None and s.models.reference is not None  # KL in the reward
+    head = {k: v.clone() for k, v in s.models.critic.head.state_dict().items()}
+    policy = {k: v.clone() for k, v in s.models.policy.state_dict().items()}
     seen, real_learn = [], grpo.learn
     monkeypatch.setattr(grpo, "learn", lambda setup, ro, st: seen.append(ro) or real_learn(setup, ro, st))
     rows = grpo.train(s)
@@ -70,8 +70,8 @@ def test_ppo_preset_trains_and_reports_the_value_metrics(monkeypatch, ov):
         assert abs(float(a.mean())) < 1e-5 and abs(float(a.var()) - 1.0) < 1e-4  # whitened over the batch
         assert (ro.token_advantages[~m] == 0).all() and (ro.returns[~m] == 0).all()
         torch.testing.assert_close(ro.advantages, ro.token_advantages.sum(-1) / m.sum(-1).clamp(min=1))
-    assert any(not torch.equal(head[k], v) for k, v in s.critic.head.state_dict().items())  # the head learned
-    assert any(not torch.equal(policy[k], v) for k, v in s.policy.state_dict().items())
+    assert any(not torch.equal(head[k], v) for k, v in s.models.critic.head.state_dict().items())  # the head learned
+    assert any(not torch.equal(policy[k], v) for k, v in s.models.policy.state_dict().items())
     assert rows[-1]["value/mean"] != 0.0  # step 1's V_old came from the head step 0 trained
 
 
@@ -79,16 +79,16 @@ def test_phase_a_values_are_the_ones_phase_b_reads():
     """V_old (the trunk alone, Phase A) equals V from the policy's training forward (the hook, Phase
     B) at every counted token before any update: the positions line up."""
     s = _setup(_cfg("train.steps=1"))
-    torch.nn.init.normal_(s.critic.head.linear.weight, generator=torch.Generator().manual_seed(0))
+    torch.nn.init.normal_(s.models.critic.head.linear.weight, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ro = s.engine.generate([it.prompt for it in s.prompts.next_batch(4)], 4, generator=s.sample_gen)
-        ro = s.critic.record_values(ro)
+        ro = s.data.engine.generate([it.prompt for it in s.data.prompts.next_batch(4)], 4, generator=s.data.sample_gen)
+        ro = s.models.critic.record_values(ro)
         assert ro.values[ro.loss_mask].abs().min() > 0  # not the zero-initialised head
-        for idx in s.forward.chunks(ro, 3):  # other chunks than Phase A's: other paddings
+        for idx in s.optim.forward.chunks(ro, 3):  # other chunks than Phase A's: other paddings
             rows = ro.select(idx)
-            with captured_hidden(s.critic.decoder) as hidden:
-                s.forward(s.train_model, rows)
-            v = completion_values(s.critic.head, hidden[0], rows.prompt_len)
+            with captured_hidden(s.models.critic.decoder) as hidden:
+                s.optim.forward(s.models.train_model, rows)
+            v = completion_values(s.models.critic.head, hidden[0], rows.prompt_len)
             torch.testing.assert_close(v[rows.loss_mask], rows.values[rows.loss_mask], atol=1e-5, rtol=1e-5)
 
 
@@ -99,7 +99,7 @@ def test_value_loss_falls_on_a_fixed_batch(monkeypatch):
     def learn(setup, ro, st):
         for _ in range(12):  # the same rollout, again and again
             real_learn(setup, ro, st)
-            losses.append(setup.critic.step_metrics(ro)["value/loss"])
+            losses.append(setup.models.critic.step_metrics(ro)["value/loss"])
 
     monkeypatch.setattr(grpo, "learn", learn)
     grpo.train(s)
@@ -111,11 +111,11 @@ def test_microbatch_size_does_not_change_the_ppo_update():
     results = []
     for micro in (8, 1):
         s = _setup(_cfg("train.steps=1", "train.epochs=1", f"train.microbatch_size={micro}", "train.max_grad_norm=0"))
-        s.policy.double()
-        s.critic.head.double()
-        s.reference().__enter__().double()
+        s.models.policy.double()
+        s.models.critic.head.double()
+        s.models.reference().__enter__().double()
         grpo.train(s)
-        results.append({**s.policy.state_dict(), **{f"head.{k}": v for k, v in s.critic.head.state_dict().items()}})
+        results.append({**s.models.policy.state_dict(), **{f"head.{k}": v for k, v in s.models.critic.head.state_dict().items()}})
     assert any(not torch.equal(v, torch.zeros_like(v)) for k, v in results[0].items() if k.startswith("head."))
     for k in results[0]:
         torch.testing.assert_close(results[1][k], results[0][k])
@@ -141,13 +141,13 @@ def test_resume_from_a_checkpoint_is_exact(tmp_path):
 
     assert len(rows(run)) == 3 and rows(run) == rows(ref)
     assert all(k in rows(run)[2] for k in VALUE_KEYS)
-    for k, v in s_ref.critic.head.state_dict().items():
-        assert torch.equal(v, s.critic.head.state_dict()[k]), k
+    for k, v in s_ref.models.critic.head.state_dict().items():
+        assert torch.equal(v, s.models.critic.head.state_dict()[k]), k
     final_head = load_file(str(run / "final" / "value_head.safetensors"))  # beside the HF folder of the policy
-    for k, v in s.critic.head.state_dict().items():
+    for k, v in s.models.critic.head.state_dict().items():
         assert torch.equal(v, final_head[k]), k
-    for k, v in s_ref.policy.state_dict().items():
-        assert torch.equal(v, s.policy.state_dict()[k]), k
+    for k, v in s_ref.models.policy.state_dict().items():
+        assert torch.equal(v, s.models.policy.state_dict()[k]), k
 
 
 @pytest.mark.parametrize("ov, message", [

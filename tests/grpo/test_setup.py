@@ -91,7 +91,7 @@ def test_padding_free_microbatches_carry_equal_tokens_padded_ones_similar_length
                                          f"model.shared_prompt={str(shared).lower()}", "run.progress=false"])
             policy = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=0)
             s = S.build_setup(cfg, policy=policy, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))
-            chunks = s.forward.layout.chunks
+            chunks = s.optim.forward.layout.chunks
             if padding_free and shared:
                 assert chunks.func is balanced_buckets and chunks.keywords == {"whole_groups": True}
             elif padding_free:
@@ -138,4 +138,4 @@ def test_the_engine_gets_the_rollout_settings():
                                      "model.dtype=float32", "run.tensorboard=false", "run.progress=false"])
         policy = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=0)
         s = S.build_setup(cfg, policy=policy, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))
-        assert (s.engine.packed_weights, s.engine.max_new_tokens, s.engine.compile) == (packed, 7, False)
+        assert (s.data.engine.packed_weights, s.data.engine.max_new_tokens, s.data.engine.compile) == (packed, 7, False)

@@ -89,11 +89,11 @@ def test_setup_runs_with_what_it_chose_and_the_run_says_it_once(capsys, tmp_path
 
     s = build_setup(_cfg("train.steps=1"))
     assert capsys.readouterr().err == ""  # nothing before the run starts (an input error stays one message)
-    assert s.cfg.model.shared_prompt is True and s.forward.layout.whole_groups
-    assert s.cfg.model.compile is False and s.train_model is s.policy
+    assert s.cfg.model.shared_prompt is True and s.optim.forward.layout.whole_groups
+    assert s.cfg.model.compile is False and s.models.train_model is s.models.policy
     train_in_run_dir(s, tmp_path)
     err = capsys.readouterr().err
-    assert err.count("speed (auto)") == 1 and speed_line(s.speed) in err and "model.shared_prompt (" in err
+    assert err.count("speed (auto)") == 1 and speed_line(s.services.speed) in err and "model.shared_prompt (" in err
 
 
 @pytest.mark.parametrize("field", ["model.shared_prompt", "model.compile", "rollout.packed_weights"])

@@ -32,7 +32,7 @@ class Flaky:
 
 def test_a_replaced_reward_is_on_the_console_once_in_warnings_jsonl_and_in_the_report(tmp_path, capsys):
     s = build_setup(C.from_preset("grpo", TINY))
-    s.rewards.append((Flaky(), 1.0))
+    s.data.rewards.append((Flaky(), 1.0))
     assert train_in_run_dir(s, tmp_path) == 0
     err = capsys.readouterr().err
     message = "reward 'flaky' raised ValueError: the judge is down (train.on_reward_error=zero: scored 0 on this batch)"

@@ -59,9 +59,9 @@ def _step(mode: str, parallel: Parallel) -> tuple[dict[str, torch.Tensor], dict]
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, seed=0).double()
     s = build_setup(cfg, policy=model, tokenizer=tok, prompts=ArithStream(ArithTask(), seed=0))
-    s.parallel, s.train_model = parallel, parallel.wrap(model)
-    s.optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    s.scheduler = torch.optim.lr_scheduler.LambdaLR(s.optimizer, lambda i: 1.0)
+    s.services.parallel, s.models.train_model = parallel, parallel.wrap(model)
+    s.optim.optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    s.optim.scheduler = torch.optim.lr_scheduler.LambdaLR(s.optim.optimizer, lambda i: 1.0)
     rows = torch.arange(N).view(parallel.world_size, -1)[parallel.rank]
     st = StepStats(0)
     grpo.learn(s, _rollout().select(rows), st)

@@ -54,17 +54,17 @@ def test_every_worker_samples_with_the_trainers_new_weights_after_each_sync(clus
     own policy draws (and the greedy tokens); the policy does change over the steps."""
     s = build_setup(_cfg("rollout.workers=2", "train.lr=0.05", "loss.entropy_coef=0.05"))
     probe = ["12+7=", "3*4=", "9-2=", "8/0="]
-    local = HFEngine(s.tokenizer, s.cfg.rollout.max_new_tokens, model=s.policy)
+    local = HFEngine(s.models.tokenizer, s.cfg.rollout.max_new_tokens, model=s.models.policy)
     seen = [local.generate(probe, 2, generator=torch.Generator().manual_seed(5)).input_ids]
 
     def check(step, row, record):
-        assert s.engine.versions() == [step + 1, step + 1]
-        assert row["sync/bytes"] == sum(v.numel() * v.element_size() for v in s.policy.state_dict().values())
+        assert s.data.engine.versions() == [step + 1, step + 1]
+        assert row["sync/bytes"] == sum(v.numel() * v.element_size() for v in s.models.policy.state_dict().values())
         state = torch.Generator().manual_seed(5).get_state()
         mine = local.generate(probe, 2, generator=torch.Generator().manual_seed(5))
         greedy = local.generate(probe, 1, greedy=True)
-        for w in s.engine.workers:
-            assert ray.get(w.state_checksum.remote()) == _checksum(s.policy)
+        for w in s.data.engine.workers:
+            assert ray.get(w.state_checksum.remote()) == _checksum(s.models.policy)
             ro, _ = ray.get(w.generate.remote(probe, 2, bytes(state.numpy()), None, False))
             assert ro.weight_version == step + 1
             torch.testing.assert_close(ro.input_ids, mine.input_ids, rtol=0, atol=0)
@@ -73,7 +73,7 @@ def test_every_worker_samples_with_the_trainers_new_weights_after_each_sync(clus
             torch.testing.assert_close(g.input_ids, greedy.input_ids, rtol=0, atol=0)
         seen.append(mine.input_ids)
 
-    s.hooks.append(check)
+    s.services.hooks.append(check)
     try:
         grpo.train(s)
     finally:
@@ -105,7 +105,7 @@ def test_reward_workers_score_the_groups_at_once_with_the_same_scores(cluster, t
     reward = f'rewards=[{{name: "slow_rewards:sleepy", kwargs: {{log: "{log}", seconds: 1.0}}}}]'
     s = build_setup(_cfg("rollout.reward_workers=2", "train.steps=1", reward))
     records = []
-    s.hooks.append(lambda step, row, record: records.append((row, record)))
+    s.services.hooks.append(lambda step, row, record: records.append((row, record)))
     try:
         grpo.train(s)
     finally:
@@ -127,27 +127,27 @@ def test_overlap_learns_one_version_behind_on_the_behaviour_log_probs(cluster, m
     learn = grpo.learn
 
     def spy(setup, ro, st):
-        seen.append((ro, copy.deepcopy(setup.policy.state_dict())))  # the weights that learn on `ro`
+        seen.append((ro, copy.deepcopy(setup.models.policy.state_dict())))  # the weights that learn on `ro`
         learn(setup, ro, st)
 
     monkeypatch.setattr(grpo, "learn", spy)
     staleness = []
-    s.hooks.append(lambda step, row, record: staleness.append(row["rollout/staleness"]))
+    s.services.hooks.append(lambda step, row, record: staleness.append(row["rollout/staleness"]))
     try:
         grpo.train(s)
     finally:
         s.close()
     assert staleness == [0, 1, 1]
-    model = copy.deepcopy(s.policy)
+    model = copy.deepcopy(s.models.policy)
     for k, (ro, weights) in enumerate(seen):
         assert ro.weight_version == max(k - 1, 0)
         torch.testing.assert_close(ro.old_logp, ro.sampler_logp, rtol=0, atol=0)
         behaviour = seen[max(k - 1, 0)][1]
         model.load_state_dict(behaviour)
-        torch.testing.assert_close(ro.old_logp, s.forward.rollout_logprobs(model, ro) * ro.loss_mask)
+        torch.testing.assert_close(ro.old_logp, s.optim.forward.rollout_logprobs(model, ro) * ro.loss_mask)
         if k:
             model.load_state_dict(weights)  # the trainer's own policy at step k: not what the ratio is taken against
-            trainer = s.forward.rollout_logprobs(model, ro) * ro.loss_mask
+            trainer = s.optim.forward.rollout_logprobs(model, ro) * ro.loss_mask
             assert (trainer - ro.old_logp).abs().max() > 1e-4
 
 
@@ -185,7 +185,7 @@ def test_a_stopped_overlap_run_resumes_with_the_prompts_it_had_not_trained_on(cl
     cfg = _cfg("rollout.workers=1", "rollout.overlap=1", "train.steps=4", "run.checkpoint_every=1")
     assert train_in_run_dir(build_setup(cfg), tmp_path / "whole") == 0
     s = build_setup(cfg)
-    s.hooks.insert(0, lambda step, row, record: request_stop() if step == 1 else None)
+    s.services.hooks.insert(0, lambda step, row, record: request_stop() if step == 1 else None)
     assert train_in_run_dir(s, tmp_path / "run") == 143
     assert [p.name for p in complete_checkpoints(tmp_path / "run" / "checkpoints")][-1] == "step-2"
     s = build_setup(cfg)

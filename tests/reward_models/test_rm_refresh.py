@@ -172,7 +172,7 @@ def test_the_gold_reward_at_weight_0_never_reaches_the_loss():
         cfg = C.from_preset("grpo", tiny + [f"rewards=[refusal:1.0, t_gold_{flip}:0.0]"])
         s = build_setup(cfg)
         rows = grpo.train(s)
-        runs.append((rows, {k: v.detach().clone() for k, v in s.policy.state_dict().items()}))
+        runs.append((rows, {k: v.detach().clone() for k, v in s.models.policy.state_dict().items()}))
     (rows_a, w_a), (rows_b, w_b) = runs
     for k in w_a:
         torch.testing.assert_close(w_a[k], w_b[k], rtol=0, atol=0)

@@ -260,10 +260,10 @@ def test_a_grpo_step_trains_on_the_engines_rollouts_and_syncs_the_new_weights(fa
                                  "rollout.max_new_tokens=4", "train.steps=1", "train.minibatch_size=6",
                                  "train.microbatch_size=6", "run.tensorboard=false", "run.progress=false"])
     setup = build_setup(cfg)
-    setup.engine = eng = V.VLLMEngine(FakeLLM(), setup.tokenizer, max_new_tokens=4, sleep=True, device="cpu")
+    setup.data.engine = eng = V.VLLMEngine(FakeLLM(), setup.models.tokenizer, max_new_tokens=4, sleep=True, device="cpu")
     rows = grpo.train(setup)
     assert eng.weight_version == 1 and rows[0]["len/mean"] > 0 and rows[0]["sync/bytes"] == eng.last_sync_bytes
-    state = setup.policy.state_dict()
+    state = setup.models.policy.state_dict()
     loaded = dict(eng.llm.model.loaded)
     assert set(loaded) == set(state) - {"lm_head.weight"}
     assert all(torch.equal(loaded[k], state[k]) for k in loaded)

@@ -88,13 +88,13 @@ def test_a_crash_before_the_update_saves_the_step_boundary_and_resume_is_exact(t
     assert s.start_step == 2
     assert _rows(run) == _rows(ref)
     assert (run / "samples.jsonl").read_text() == (ref / "samples.jsonl").read_text()
-    for k, v in s_ref.policy.state_dict().items():
-        assert torch.equal(v, s.policy.state_dict()[k]), k
+    for k, v in s_ref.models.policy.state_dict().items():
+        assert torch.equal(v, s.models.policy.state_dict()[k]), k
 
 
 def test_a_crash_during_the_update_saves_no_half_step(tmp_path, capsys):
     s = build_setup(_cfg("train.steps=2", "run.checkpoint_every=0"))
-    real, calls = s.objective, []
+    real, calls = s.optim.objective, []
 
     class Boom:
         normalizer = real.normalizer
@@ -105,7 +105,7 @@ def test_a_crash_during_the_update_saves_no_half_step(tmp_path, capsys):
                 raise MemoryError("out of memory")
             return real(*args)
 
-    s.objective = Boom()
+    s.optim.objective = Boom()
     with pytest.raises(MemoryError):
         train_in_run_dir(s, tmp_path)
     assert ck.complete_checkpoints(tmp_path / "checkpoints") == []
@@ -117,26 +117,26 @@ def test_checkpoint_round_trip_restores_every_state(tmp_path):
     s = build_setup(cfg)
     s.consecutive_skips = 2
     items = [PromptItem(f"{i}+1=", {"answer": str(i + 1), "answerable": True}) for i in range(5)]
-    s.prompts = ListStream(items, seed=3)
-    s.prompts.next_batch(7)  # second pass, position 2
+    s.data.prompts = ListStream(items, seed=3)
+    s.data.prompts.next_batch(7)  # second pass, position 2
     path = ck.save_checkpoint(s, tmp_path, step=5, keep=2)
-    weights, ref = _weights(s.policy), _weights(ck.reference_model(s))
+    weights, ref = _weights(s.models.policy), _weights(ck.reference_model(s))
     s.seed_step(5)  # the loop's streams are seeded per (seed, rank, step), not saved
-    draws = (torch.rand(3), torch.randint(0, 10**6, (3,), generator=s.sample_gen),
-             torch.randperm(8, generator=s.shuffle_gen), s.prompts.next_batch(3))
+    draws = (torch.rand(3), torch.randint(0, 10**6, (3,), generator=s.data.sample_gen),
+             torch.randperm(8, generator=s.optim.shuffle_gen), s.data.prompts.next_batch(3))
 
     t = build_setup(cfg)
-    t.prompts = ListStream(items, seed=3)
+    t.data.prompts = ListStream(items, seed=3)
     with torch.no_grad():
-        for p in list(t.policy.parameters()) + list(ck.reference_model(t).parameters()):
+        for p in list(t.models.policy.parameters()) + list(ck.reference_model(t).parameters()):
             p.add_(1.0)  # make sure loading really overwrites
     assert ck.load_checkpoint(t, path) == 5 and t.start_step == 5 and t.consecutive_skips == 2
-    assert all(torch.equal(weights[k], v) for k, v in t.policy.state_dict().items())
+    assert all(torch.equal(weights[k], v) for k, v in t.models.policy.state_dict().items())
     assert all(torch.equal(ref[k], v) for k, v in ck.reference_model(t).state_dict().items())
-    assert t.scheduler.state_dict() == s.scheduler.state_dict()
+    assert t.optim.scheduler.state_dict() == s.optim.scheduler.state_dict()
     t.seed_step(5)
-    again = (torch.rand(3), torch.randint(0, 10**6, (3,), generator=t.sample_gen),
-             torch.randperm(8, generator=t.shuffle_gen), t.prompts.next_batch(3))
+    again = (torch.rand(3), torch.randint(0, 10**6, (3,), generator=t.data.sample_gen),
+             torch.randperm(8, generator=t.optim.shuffle_gen), t.data.prompts.next_batch(3))
     assert all(torch.equal(a, b) for a, b in zip(draws[:3], again[:3])) and draws[3] == again[3]
 
 
@@ -144,9 +144,9 @@ def test_interrupted_write_leaves_the_previous_checkpoint_usable(tmp_path, monke
     s = build_setup(_cfg("train.steps=1"))
     root = tmp_path / "checkpoints"
     good = ck.save_checkpoint(s, root, step=1, keep=3)
-    saved = _weights(s.policy)
+    saved = _weights(s.models.policy)
     with torch.no_grad():
-        for p in s.policy.parameters():
+        for p in s.models.policy.parameters():
             p.add_(0.5)
 
     real_save = torch.save
@@ -174,7 +174,7 @@ def test_interrupted_write_leaves_the_previous_checkpoint_usable(tmp_path, monke
     assert ck.resolve_resume("auto", tmp_path) == good
     t = build_setup(_cfg("train.steps=1"))
     ck.load_checkpoint(t, ck.latest_checkpoint(root))
-    assert all(torch.equal(saved[k], v) for k, v in t.policy.state_dict().items())
+    assert all(torch.equal(saved[k], v) for k, v in t.models.policy.state_dict().items())
     assert [p.name for p in ck.remove_stale_tmp(root)] == [".tmp-step-2-999"]
 
 

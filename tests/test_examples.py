@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpolab import cli
-from grpolab import config as C
+from grpolab import cli, config as C
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = sorted((ROOT / "examples").glob("*.yaml"))

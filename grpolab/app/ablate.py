@@ -217,8 +217,7 @@ def build_pi0(ab: Ablation, seed: int) -> dict:
     import torch
 
     from grpolab.app.demo import build_pi0 as demo_pi0
-    from grpolab.rundir.rundir import write_config, write_eval
-    from grpolab.rundir.rundir import claim, mark_finished
+    from grpolab.rundir.rundir import claim, mark_finished, write_config, write_eval
 
     cfg = ab.pi0_config(seed)
     path = claim(ab.pi0_dir(seed), "ablate-pi0", overwrite=True, field="--out", say=_err)
@@ -303,8 +302,7 @@ def _train_sft_sharpening(cfg: C.Config, path: Path) -> dict:
 
 def run_variant(ab: Ablation, variant: str, seed: int) -> dict:
     """Trains and evaluates one (variant, seed) in OUT/VARIANT-seedS/; returns its eval.json payload."""
-    from grpolab.rundir.rundir import write_config, write_eval
-    from grpolab.rundir.rundir import claim, mark_finished
+    from grpolab.rundir.rundir import claim, mark_finished, write_config, write_eval
 
     cfg = ab.variant_config(variant, seed)
     pi0 = json.loads((ab.pi0_dir(seed) / "eval.json").read_text())["pi0"]

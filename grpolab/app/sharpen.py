@@ -60,9 +60,7 @@ def sharpen(config: str, overrides: list[str], *, n: int, out: str, prompts: int
     from grpolab.data.build import prompt_stream
     from grpolab.rewards.self_likelihood import SelfLikelihood
     from grpolab.rollout.hf import HFEngine
-    from grpolab.rundir.rundir import model_folder
-    from grpolab.rundir.rundir import write_config
-    from grpolab.rundir.rundir import claim, mark_finished
+    from grpolab.rundir.rundir import claim, mark_finished, model_folder, write_config
     from grpolab.models.policy import load_policy
     from grpolab.sft.sharpen import sharpen_sft
 

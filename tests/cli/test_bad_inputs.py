@@ -13,8 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from grpolab import cli
-from grpolab import config as C
+from grpolab import cli, config as C
 from grpolab.rewards.base import register_reward, reward_names
 from grpolab.rollout.hf import HFEngine
 from grpolab.rundir import checkpoint as ck

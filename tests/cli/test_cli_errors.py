@@ -13,8 +13,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpolab import cli
-from grpolab import config as C
+from grpolab import cli, config as C
 from grpolab.data.sources import load_jsonl
 from grpolab.models.tiny import build_char_tokenizer
 

@@ -8,8 +8,7 @@ import json
 import pytest
 import torch
 
-from grpolab import cli
-from grpolab import config as C
+from grpolab import cli, config as C
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.rewards.registry import build_reward
 from grpolab.rewards.self_likelihood import SelfLikelihood, completion_eos_mask

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpolab import cli
-from grpolab import config as C
+from grpolab import cli, config as C
 from grpolab.rundir import checkpoint as ck
 from grpolab.rundir.rundir import RUN_FILE, claim, mark_finished, read_run
 from grpolab.grpo.setup import build_setup

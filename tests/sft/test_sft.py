@@ -2,8 +2,7 @@
 
 import json
 
-from grpolab import cli
-from grpolab import config as C
+from grpolab import cli, config as C
 from grpolab.data.build import arith_task
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.sft.sft import sft_builtin

@@ -1,4 +1,4 @@
-"""`grpolab pipeline CONFIG`: the seed's whole pipeline from one YAML file.
+"""`grpolab pipeline CONFIG`: the whole pipeline from one YAML file.
 
     sft             grpolab sft on the `sft:` config                       -> OUT/sft/final
     reward_models   grpolab rm per entry, each on its own preference data  -> OUT/rm-<name>/

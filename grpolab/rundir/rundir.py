@@ -1,4 +1,5 @@
-"""Run directories are never overwritten: a command claims its folder first.
+"""Run directories are never overwritten: a command claims its folder first (`claim`, `make_run_dir`);
+`write_config` and `write_eval` write its config.yaml and eval.json, `model_folder` finds its final/.
 
 A folder holds a run when it has results worth keeping (`holds_run`: logged steps, checkpoints,
 final/, eval.json, a reward model, or a run recorded as finished). Claiming such a folder is refused unless the

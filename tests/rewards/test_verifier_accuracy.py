@@ -23,7 +23,7 @@ def _step(rewards):
     st = StepStats(0)
     scores, combined = score_rollout(rewards, items, texts, ro, "raise", st)
     ro.rewards = combined
-    s = SimpleNamespace(scheduler=SimpleNamespace(get_last_lr=lambda: [1e-4]), mfu=lambda row: 0.0)
+    s = SimpleNamespace(optim=SimpleNamespace(scheduler=SimpleNamespace(get_last_lr=lambda: [1e-4])), mfu=lambda row: 0.0)
     return st.finish(StepRecord.of(ro, items, texts, scores), s)
 
 

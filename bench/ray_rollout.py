@@ -54,8 +54,8 @@ def run(name: str, overrides: list[str], steps: int, warmup: int, out: Path) -> 
     import torch
 
     from grpolab import config as C
-    from grpolab.train.run import train_in_run_dir
-    from grpolab.train.setup import build_setup
+    from grpolab.grpo.run import train_in_run_dir
+    from grpolab.grpo.setup import build_setup
 
     cfg = C.from_preset("grpo", MODEL + overrides + [f"train.steps={warmup + steps}", f"run.out_dir={out}"])
     torch.set_num_threads(cfg.run.threads)

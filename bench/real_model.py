@@ -16,7 +16,7 @@ with --eval-seed; train.jsonl every distinct question drawn with --seed that is 
 held-out question string is in the training set (checked when the files are read; the run stops
 otherwise).
 
-Evaluation is `grpolab eval`'s (`grpolab.train.evaluate.evaluate_policy`): the held-out mean reward,
+Evaluation is `grpolab eval`'s (`grpolab.evaluation.evaluate.evaluate_policy`): the held-out mean reward,
 greedy and sampled at the training temperature (--eval-samples per prompt, sampling seeded by
 train.seed), for π0, every --eval-every steps and at the end; `grpolab eval smollm2-135m-instruct
 examples/smollm2_chain_sum.yaml --samples 2` gives the π0 row. Written to --out: config.yaml,
@@ -41,10 +41,11 @@ from grpolab import config as C
 from grpolab.data.arith import PromptItem
 from grpolab.data.build import prompt_stream
 from grpolab.data.sources import reasoning_gym_items
-from grpolab.train import grpo
-from grpolab.train.evaluate import eval_items, evaluate_policy
-from grpolab.train.run import attach_outputs, write_config
-from grpolab.train.setup import build_setup
+from grpolab.grpo import loop as grpo
+from grpolab.evaluation.evaluate import eval_items, evaluate_policy
+from grpolab.grpo.run import attach_outputs
+from grpolab.rundir.rundir import write_config
+from grpolab.grpo.setup import build_setup
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "smollm2_chain_sum.yaml"
@@ -228,7 +229,7 @@ def run(args: argparse.Namespace, policy=None, tokenizer=None) -> dict:
     t_all = t = time.perf_counter()
     cfg = bench_config(args)
     if policy is None:
-        from grpolab.train.setup import load_policy
+        from grpolab.models.policy import load_policy
 
         policy, tokenizer = load_policy(cfg)
     times["load_s"] = time.perf_counter() - t
@@ -252,7 +253,7 @@ def run(args: argparse.Namespace, policy=None, tokenizer=None) -> dict:
     logger = attach_outputs(setup, out)
     printer = StepPrinter(lambda tag: evaluate(policy, tokenizer, cfg, held, args.eval_samples, tag),
                           args.eval_every, cfg.train.steps)
-    setup.hooks.append(printer)
+    setup.services.hooks.append(printer)
     t = time.perf_counter()
     try:
         rows = grpo.train(setup)

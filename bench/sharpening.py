@@ -4,11 +4,11 @@
     python bench/sharpening.py --quick              # N=8, 128 held-out prompts, 256 sharpening prompts
     python bench/sharpening.py --pi0 runs/demo-x/pi0 --n 8 --threads 1
 
-π0 is the demo's (grpolab.demo: `demo_config()`, `build_pi0`: SFT stopped at 0.35 training-side probe
+π0 is the demo's (grpolab.app.demo: `demo_config()`, `build_pi0`: SFT stopped at 0.35 training-side probe
 accuracy), built into OUT/pi0 once and reused, or --pi0. SFT-sharpening is `grpolab sharpen` on
 that π0 (in process: best-of-N by log π0(y|x) on --prompts training prompts, then SFT), into
 OUT/sharpened. Both models are evaluated on the held-out prompts (`arith_eval_items`) with
-`train.sharpen.best_of_n_eval`: greedy, best-of-N where each model ranks its own N samples by its own
+`evaluation.best_of_n.best_of_n_eval`: greedy, best-of-N where each model ranks its own N samples by its own
 sequence log-likelihood (sum, and mean per token), the mean accuracy of one sample (pass@1) and
 pass@N. Accuracy is the demo's: exact answer on answerable prompts. Sampling at temperature 1.
 Writes OUT/sharpening.json and prints one table.
@@ -26,13 +26,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from grpolab.cli_sharpen import add_parser  # noqa: E402
+from grpolab.cli.sharpen import add_parser  # noqa: E402
 from grpolab.data.build import arith_eval_items  # noqa: E402
-from grpolab.demo import DEMO_OVERRIDES, build_pi0, demo_config  # noqa: E402
+from grpolab.app.demo import DEMO_OVERRIDES, build_pi0, demo_config  # noqa: E402
 from grpolab.models.loading import load_model  # noqa: E402
 from grpolab.rollout.hf import HFEngine  # noqa: E402
-from grpolab.train.setup import build_rewards  # noqa: E402
-from grpolab.train.sharpen import best_of_n_eval  # noqa: E402
+from grpolab.rewards.registry import build_rewards  # noqa: E402
+from grpolab.evaluation.best_of_n import best_of_n_eval  # noqa: E402
 
 
 def say(msg: str) -> None:

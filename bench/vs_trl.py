@@ -65,11 +65,11 @@ def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[]
     from transformers import AutoModelForCausalLM
 
     from grpolab import config as C
-    from grpolab.config_io import get_field
+    from grpolab.config.validation import get_field
     from grpolab.data.arith import PromptItem
     from grpolab.data.stream import ListStream
-    from grpolab.train import grpo
-    from grpolab.train.setup import build_setup
+    from grpolab.grpo import loop as grpo
+    from grpolab.grpo.setup import build_setup
 
     import_model_code(model_dir(w.model))
     t0 = time.perf_counter()  # the run: model load and setup, then training (compilation included)
@@ -93,7 +93,7 @@ def run_grpolab(w: Workload, steps: int, warmup: int, between_steps: Callable[[]
     s = build_setup(cfg, policy=policy, tokenizer=tok, prompts=ListStream(items, seed=w.seed))
     if between_steps is not None:
         between_steps()
-        s.hooks.append(lambda *_: between_steps())  # the loop's own per-step hooks, after the step's timers
+        s.services.hooks.append(lambda *_: between_steps())  # the loop's own per-step hooks, after the step's timers
     t1 = time.perf_counter()
     rows = grpo.train(s)
     clock = {"setup_s": t1 - t0, "train_s": time.perf_counter() - t1}

@@ -1,7 +1,7 @@
 """What kind of CPU this is, as the `auto` decisions see it.
 
 Every host-dependent `auto` decision (model.dtype, and through the compute dtype the speed
-switches of grpolab/train/speed.py) reads the CPU kind from `cpu_kind()` and nothing else:
+switches of grpolab/grpo/speed.py) reads the CPU kind from `cpu_kind()` and nothing else:
 
 - `avx2`: an x86 CPU without native bf16 arithmetic (AVX2, AVX-512 without BF16): auto = float32;
 - `avx512_bf16`: AVX512-BF16 (e.g. AMD EPYC Zen 4, Intel Cooper Lake): auto = bf16;

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from grpolab import cli
-from grpolab import config as C
+from grpolab import cli, config as C
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = sorted((ROOT / "examples").glob("*.yaml"))
 PIPELINES = [p for p in ALL if any(line.startswith("grpo:") for line in p.read_text().splitlines())]
-EXAMPLES = [p for p in ALL if p not in PIPELINES]  # training configs; pipelines run in tests/test_pipeline.py
+EXAMPLES = [p for p in ALL if p not in PIPELINES]  # training configs; pipelines run in tests/app/test_pipeline.py
 SMALL = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "train.minibatch_size=4",
          "train.microbatch_size=2", "train.epochs=1", "train.steps=1", "run.checkpoint_every=0",
          "run.progress=false", "run.tensorboard=false"]
@@ -24,7 +23,7 @@ SMALL = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_
 
 def test_there_are_examples():
     assert len(EXAMPLES) >= 3
-    assert [p.name for p in PIPELINES] == ["seed_pipeline.yaml"]  # the one tests/test_pipeline.py runs
+    assert [p.name for p in PIPELINES] == ["seed_pipeline.yaml"]  # the one tests/app/test_pipeline.py runs
 
 
 def _data_command() -> list[str]:

@@ -3,7 +3,7 @@
 An episode's ids are its prompt ids, then segments: policy turns (the sampled ids as sampled, with
 the sampler's log-prob of each) and environment turns (template deltas, delta.py). Only policy
 tokens are trained: `policy_mask` is True exactly on them. With one policy turn and no environment
-turn after it, `to_tensors` gives today's Rollout layout (rollout/types.py, rollout/hf.py):
+turn after it, `to_tensors` gives today's Rollout layout (batch.py, rollout/hf.py):
 
     row = [left padding | prompt (Lp columns) | body = the segments (Lb columns) | right padding]
     attention_mask: True on prompt and body tokens; policy_mask == Rollout.loss_mask (the completion

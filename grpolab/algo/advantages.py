@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
-"""Sums a tensor over the data-parallel ranks (e.g. `dist.parallel.Parallel.all_reduce_sum`)."""
+"""Sums a tensor over the data-parallel ranks (e.g. `parallel.parallel.Parallel.all_reduce_sum`)."""
 
 
 def no_reduce(x: torch.Tensor) -> torch.Tensor:
@@ -47,7 +47,7 @@ class StdMode:
 
 # The config's loss.std is a key of this table.
 STD_MODES: dict[str, StdMode] = {
-    "population": StdMode(lambda count: count, "population std, divide by n (seed 004's table)"),
+    "population": StdMode(lambda count: count, "population std, divide by n (the reward-normalization table's)"),
     "sample": StdMode(lambda count: count - 1, "sample std, divide by n - 1 (TRL and verl)"),
     "none": StdMode(None, "no scaling: mean-centring only (Dr. GRPO)"),
     "batch": StdMode(lambda count: count - 1,
@@ -238,7 +238,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "reinforce": AdvantageEstimator(lambda std, eps: _group_local(raw_rewards), False, "the raw reward r (REINFORCE)"),
     "relu": AdvantageEstimator(lambda std, eps: _group_local(relu_rewards), False,
                                "ReLU(r): wrong answers are dropped (rejection sampling / on-policy SFT)"),
-    # PPO: the [P, G] stage is r itself; train/critic.py puts it on each completion's last token and
+    # PPO: the [P, G] stage is r itself; grpo/critic.py puts it on each completion's last token and
     # runs GAE over a value head's V_old (algo/value.py), giving per-token advantages.
     "gae": AdvantageEstimator(lambda std, eps: _group_local(raw_rewards), False,
                               "per-token GAE over a value head's values, whitened over the batch (PPO; verl's gae)"),
@@ -246,7 +246,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
 
 
 VALUE_BASED = frozenset({"gae"})
-"""Estimators that read a value head's values (the run builds a critic, train/critic.py); their
+"""Estimators that read a value head's values (the run builds a critic, grpo/critic.py); their
 advantages are per token."""
 
 

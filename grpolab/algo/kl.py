@@ -102,3 +102,19 @@ def sequence_kl(logp: torch.Tensor, ref_logp: torch.Tensor, loss_mask: torch.Ten
     """
     assert logp.shape == ref_logp.shape == loss_mask.shape, (logp.shape, ref_logp.shape, loss_mask.shape)
     return (estimator(logp, ref_logp) * loss_mask.to(logp.dtype)).sum(-1)
+
+
+def kl_reward_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, kl_coef: float,
+                      estimator: KLEstimator = kl_k1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The KL penalty of the rewards (loss.kl_in_reward), per sequence and per token: β·KL(π_old ‖ π_ref).
+
+    logp, ref_logp: [N, L] log π_old and log π_ref of the sampled tokens; mask: [N, L] bool, True =
+    this token counts; kl_coef: β; estimator: an entry of KL_ESTIMATORS. Returns
+    (per_sequence [N] = β · Σ_t est_t · mask_t, what GRPO subtracts from each completion's reward;
+    per_token [N, L] = β · est_t on the counted tokens, 0 elsewhere, what PPO subtracts from its token
+    rewards, `algo.value.token_rewards`), both in logp's dtype.
+    """
+    kl = estimator(logp, ref_logp)
+    per_sequence = kl_coef * sequence_kl(logp, ref_logp, mask, estimator)
+    per_token = kl_coef * torch.where(mask, kl, torch.zeros_like(kl))
+    return per_sequence, per_token

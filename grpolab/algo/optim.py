@@ -1,7 +1,7 @@
 """The optimizer (AdamW) and the learning-rate schedules shared by GRPO, SFT and reward-model training.
 
-Kept here, below grpolab.train, so that every trainer can use them without importing another
-trainer's set-up module. LR_SCHEDULES is the registry of train.lr_schedule.
+Kept here, below the trainers (grpo/, sft/, reward_models/), so that every trainer can use them
+without importing another trainer's set-up module. LR_SCHEDULES is the registry of train.lr_schedule.
 """
 
 from __future__ import annotations

@@ -34,17 +34,16 @@ def last_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return torch.where(mask, out, torch.zeros_like(out))
 
 
-def token_rewards(outcome: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None = None,
-                  kl_coef: float = 0.0) -> torch.Tensor:
-    """The per-token rewards of PPO: the outcome reward on the last counted token, minus
-    kl_coef · kl_t on every counted token (TRL's PPOTrainer: -kl_coef · kl, plus the score at the
-    end; verl's apply_kl_penalty). outcome: [N]; mask: [N, L] bool; kl: [N, L] per-token estimates
-    of KL(π_old ‖ π_ref), or None. Returns [N, L], 0 outside the mask."""
+def token_rewards(outcome: torch.Tensor, mask: torch.Tensor, kl_penalty: torch.Tensor | None = None) -> torch.Tensor:
+    """The per-token rewards of PPO: the outcome reward on the last counted token, minus the KL
+    penalty β·kl_t on every counted token (TRL's PPOTrainer: -kl_coef · kl, plus the score at the
+    end; verl's apply_kl_penalty). outcome: [N]; mask: [N, L] bool; kl_penalty: [N, L] the per-token
+    penalty of `algo.kl.kl_reward_penalty`, or None. Returns [N, L], 0 outside the mask."""
     r = last_token_rewards(outcome, mask)
-    if kl is None or kl_coef == 0:
+    if kl_penalty is None:
         return r
-    _check(kl, mask, "kl")
-    return r - kl_coef * torch.where(mask, kl, torch.zeros_like(kl)).to(r.dtype)
+    _check(kl_penalty, mask, "kl_penalty")
+    return r - torch.where(mask, kl_penalty, torch.zeros_like(kl_penalty)).to(r.dtype)
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,

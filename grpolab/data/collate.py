@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from grpolab.rollout.types import Rollout
+from grpolab.batch import Rollout
 
 
 def pack_pairs(tokenizer, prompts: Sequence[str], completions: Sequence[str], add_eos: bool = True) -> Rollout:

@@ -1,7 +1,7 @@
 """Preference pairs for reward-model training: loaded from files, or built from the arithmetic task.
 
 A `PrefPair` is (prompt, chosen, rejected) as plain text. The reward model scores
-`prompt + completion` (see grpolab.train.reward_model), exactly what a reward function gets at
+`prompt + completion` (see grpolab.reward_models.model), exactly what a reward function gets at
 GRPO time: the prompt as the policy saw it (chat template applied) and the completion text cut at
 EOS. So chat rows keep the rendered prompt (`add_generation_prompt=True`) and the assistant's
 content as the completion, without the template's end-of-turn text.
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from grpolab.data.arith import EVAL, REFUSAL, TRAIN, ArithTask, PromptItem, wrong_answer
-from grpolab.data.sources import RenderOptions, _check_messages, _open_local_dataset, render_prompt
+from grpolab.data.sources import RenderOptions, check_messages, open_local_dataset, render_prompt
 
 _INTEGER = re.compile(r"-?[0-9]+")
 
@@ -94,13 +94,13 @@ def row_to_pair(row: Any, opts: RenderOptions) -> PrefPair:
             if not prompt.strip():
                 raise ValueError(f"field {pf!r} is empty")
         else:
-            prompt = _check_messages(prompt)
+            prompt = check_messages(prompt)
     else:
         if c_prefix is None or r_prefix is None:
             raise ValueError(f"missing field {pf!r} (needed unless 'chosen' and 'rejected' are chat messages)")
         if c_prefix != r_prefix:
             raise ValueError("'chosen' and 'rejected' messages differ before the final assistant message")
-        prompt = _check_messages(c_prefix)
+        prompt = check_messages(c_prefix)
     if chosen == rejected:
         raise ValueError("'chosen' and 'rejected' are identical")
     return PrefPair(render_prompt(prompt, opts), chosen, rejected)
@@ -141,7 +141,7 @@ def load_pairs(
         rows = _jsonl_rows(p)
     elif p.is_dir() or p.suffix.lower() in (".parquet", ".arrow", ".json", ".csv"):
         try:
-            ds = _open_local_dataset(p, split, None)
+            ds = open_local_dataset(p, split, None)
         except ValueError as e:
             raise DataError(str(e)) from None
         rows = ((f"{p}[{split}] row {i}", row) for i, row in enumerate(ds))

@@ -4,7 +4,7 @@ A row is EITHER a prompt (field `prompt_field`) with its response (field `respon
 messages (field `messages_field`) ending with the assistant's reply, which is the response; the
 messages before it are the prompt. Prompts are rendered exactly as GRPO renders them
 (`sources.row_to_item`: chat template, system prompt), so SFT trains the policy on the text it will
-be prompted with. The loss covers the response tokens (and EOS) only (`train.sft`).
+be prompted with. The loss covers the response tokens (and EOS) only (`sft.sft`).
 Errors name the file and line (or dataset row).
 """
 

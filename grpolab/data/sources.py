@@ -63,7 +63,7 @@ def render_prompt(content: str | list[dict[str, str]], opts: RenderOptions) -> s
     return opts.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
-def _check_messages(messages: Any) -> list[dict[str, str]]:
+def check_messages(messages: Any) -> list[dict[str, str]]:
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of {role, content} objects")
     for i, m in enumerate(messages):
@@ -94,7 +94,7 @@ def row_to_item(row: Any, where: str, opts: RenderOptions) -> PromptItem:
             if not content.strip():
                 raise ValueError(f"field {pf!r} is empty")
         else:
-            content = _check_messages(row[mf])
+            content = check_messages(row[mf])
         text = render_prompt(content, opts)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
@@ -157,7 +157,7 @@ def jsonl_rows(path: Path, what: str = "file"):
 _BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
 
 
-def _open_local_dataset(path: Path, split: str, cache_dir: str | None) -> Any:
+def open_local_dataset(path: Path, split: str, cache_dir: str | None) -> Any:
     datasets = require("datasets", "tasks")
     saved = any((path / f).is_file() for f in ("dataset_dict.json", "dataset_info.json", "state.json"))
     try:
@@ -183,7 +183,7 @@ def dataset_rows(path: Path, split: str = "train", cache_dir: str | None = None)
     if not path.exists():
         raise FileNotFoundError(f"dataset {str(path)!r} not found locally (only local files and folders are "
                                 "read; nothing is downloaded from the Hub)")
-    for i, row in enumerate(_open_local_dataset(path, split, cache_dir)):
+    for i, row in enumerate(open_local_dataset(path, split, cache_dir)):
         yield f"{path}[{split}] row {i}", row
 
 

@@ -27,7 +27,7 @@ from grpolab.forward.attention import PLAN_KWARG, autocast, require_sdpa, use_fa
 from grpolab.forward.buckets import Buckets, balanced_buckets, group_buckets, length_buckets
 from grpolab.forward.padded_attention import dummy_rows, padded_count
 from grpolab.forward.plans import grouped_rows_plan, packed_rows_plan
-from grpolab.rollout.types import position_ids
+from grpolab.batch import position_ids
 
 
 def _planned(device) -> torch.Tensor:

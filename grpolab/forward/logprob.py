@@ -18,7 +18,7 @@ from grpolab.forward.buckets import group_rows
 from grpolab.forward.compiled import training_module
 from grpolab.forward.layouts import Layout, layout_for
 from grpolab.memory import release_free_memory
-from grpolab.rollout.types import Rollout
+from grpolab.batch import Rollout
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 from grpolab.forward.buckets import group_rows
-from grpolab.rollout.types import position_ids
+from grpolab.batch import position_ids
 
 @dataclass(frozen=True)
 class GroupLayout:

@@ -321,3 +321,8 @@ def load_model(
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device).eval(), tokenizer
+
+
+def resolve_compute_dtype(name: str, device: str) -> torch.dtype | None:
+    """None (plain fp32) or torch.bfloat16 for autocast: model.dtype resolved (auto: `resolve_dtype`)."""
+    return None if resolve_dtype(name, device) == torch.float32 else torch.bfloat16

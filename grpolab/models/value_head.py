@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from grpolab.forward.attention import autocast
-from grpolab.rollout.types import Rollout, position_ids
+from grpolab.batch import Rollout, position_ids
 
 
 class ValueHead(nn.Module):

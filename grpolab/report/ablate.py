@@ -123,7 +123,7 @@ def summary_lines(rows: Sequence[dict]) -> list[str]:
             verdicts.append(f"{trick} {did} ({'agrees' if agrees else 'disagrees'})")
     if verdicts:
         agree = sum(v.endswith("(agrees)") for v in verdicts)
-        out.append("Seed 004: the negative gradient and reward normalization matter most; importance sampling "
+        out.append("The SFT-to-GRPO spectrum: the negative gradient and reward normalization matter most; importance sampling "
                    "and the KL penalty can be varied or dropped (clipping, its trick 2, needs the importance "
                    f"ratio here). Measured: {'; '.join(verdicts)}: {agree} of {len(verdicts)} agree.")
     others = [r["variant"] for r in rows[1:] if r["variant"] not in DIAL_VARIANTS]

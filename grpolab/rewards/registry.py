@@ -17,7 +17,7 @@ function. The name is looked up in this order:
 
 Every built reward gets two attributes: `name` (its own `name`, else the config name) and
 `verifier` (bool): whether it checks correctness, so that its 1.0 rate is the step's `accuracy`
-metric (grpolab.train.stats). The flag is, first to last: the reserved kwarg `verifier` of the
+metric (grpolab.grpo.stats). The flag is, first to last: the reserved kwarg `verifier` of the
 config entry (`kwargs: {verifier: true}`, not passed to the factory), the `verifier=` given to
 `register_reward`, the reward's own `verifier` attribute (built-in classes set it), else False.
 
@@ -213,3 +213,22 @@ def build_reward(name: str, **kwargs: Any):
 def is_verifier(fn: Any) -> bool:
     """The verifier flag of a built reward (False for objects without one)."""
     return getattr(fn, "verifier", False) is True
+
+
+def build_rewards(cfg) -> list:
+    """The config's reward functions as [(RewardFn, weight)], each named by its display name and
+    limited to train.reward_timeout_s per call. self_likelihood without kwargs.path scores under the
+    model that model.name_or_path loads (the starting policy π0, without LoRA adapters). cfg: a Config."""
+    from grpolab.models.policy import load_policy
+
+    rewards = []
+    for spec in cfg.rewards:
+        kwargs = spec.kwargs
+        if spec.name == "self_likelihood" and "path" not in kwargs and "model" not in kwargs:
+            pi0, tok = load_policy(cfg.replace(**{"model.lora_rank": 0}))
+            kwargs = {**kwargs, "model": pi0, "tokenizer": tok}
+        fn = build_reward(spec.name, **kwargs)
+        fn.name = spec.display_name
+        fn.timeout_s = cfg.train.reward_timeout_s
+        rewards.append((fn, spec.weight))
+    return rewards

@@ -2,9 +2,9 @@
 
     rewards=[reward_model:1.0]  with kwargs {"path": "runs/x/rm_accuracy"}
 
-The RM folder is written by `grpolab rm` / grpolab.train.reward_model.save_reward_model (any HF
+The RM folder is written by `grpolab rm` / grpolab.reward_models.model.save_reward_model (any HF
 `*ForSequenceClassification` folder with one output works too). A process RM's folder
-(grpolab/train/process_rm.py, `"kind": "process"` in grpolab_rm.json) scores each completion by
+(grpolab/reward_models/process.py, `"kind": "process"` in grpolab_rm.json) scores each completion by
 its weakest step. It is loaded once, when the
 reward is built, so a wrong path stops the run before training starts.
 
@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import torch
 
 from grpolab.algo.calibration import calibrated
-from grpolab.train.reward_model import default_append_eos, load_reward_model, score_texts
+from grpolab.reward_models.model import default_append_eos, load_reward_model, score_texts
 
 _NORMALIZE = (None, "none", "batch", "fixed", "calibrated")
 
@@ -107,7 +107,7 @@ class RewardModelReward:
         """Raw RM scores [N] float32 (CPU), in batches of `batch_size`, without grad; a process RM
         (grpolab_rm.json kind "process") gives each completion's weakest step score."""
         if self.info.get("kind") == "process":
-            from grpolab.train.process_rm import score_process
+            from grpolab.reward_models.process import score_process
 
             return score_process(self.model, self.tokenizer, prompts, completions, append_eos=self.append_eos,
                                  batch_size=self.batch_size, scorer=self.info.get("step_scorer", "head"))

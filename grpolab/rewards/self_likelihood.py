@@ -67,7 +67,7 @@ class SelfLikelihood:
         self.path = None
         if model is None:
             from grpolab.models.loading import load_model
-            from grpolab.train.evaluate import model_folder
+            from grpolab.rundir.rundir import model_folder
 
             self.path = model_folder(path)
             try:

@@ -14,7 +14,7 @@ the reward's weight plays that part). Here it is the built-in reward `overlong`,
 others by its weight: `{name: overlong, kwargs: {buffer_len: 4, penalty_factor: 1.0}}`.
 
 L is a completion's generated tokens, EOS included (as verl's valid response length), read from
-the metadata key `completion_tokens` that the GRPO loop adds (`train.stats.score_rollout`); L_max
+the metadata key `completion_tokens` that the GRPO loop adds (`grpo.stats.score_rollout`); L_max
 defaults to `max_new_tokens` of the same metadata (rollout.max_new_tokens), where a truncated
 completion has L = L_max and gets −penalty_factor. Rows without `completion_tokens` (the start-up
 probe, `grpolab eval`) abstain: the penalty shapes training, it does not score answers.

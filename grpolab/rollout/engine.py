@@ -17,7 +17,7 @@ from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
-from grpolab.rollout.types import Rollout
+from grpolab.batch import Rollout
 
 
 @runtime_checkable

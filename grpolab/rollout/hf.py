@@ -30,7 +30,7 @@ from grpolab.rollout import static
 from grpolab.rollout.cache import new_decode_cache
 from grpolab.rollout.packed import packed_linears
 from grpolab.rollout.sampling import greedy_tokens, sample_tokens
-from grpolab.rollout.types import Rollout, position_ids
+from grpolab.batch import Rollout, position_ids
 from grpolab.memory import release_free_memory
 
 
@@ -165,7 +165,7 @@ class HFEngine:
             gc.collect()  # the compilation's reference cycles held the static cache (static.compiles_now)
         if device.type == "cpu":
             release_free_memory()  # the KV cache is gone: hand its pages back before learning
-        return _assemble(ids, am, comp, samp_lp, finished, group_size, self._eos_id()).replace(
+        return build_rollout(ids, am, comp, samp_lp, finished, group_size, self._eos_id()).replace(
             weight_version=self.weight_version)
 
     def _packing(self, model, rows: int):
@@ -277,7 +277,7 @@ def cache_kwarg(model_cls) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _assemble(ids, am, comp, samp_lp, finished, group_size, eos_id) -> Rollout:
+def build_rollout(ids, am, comp, samp_lp, finished, group_size, eos_id) -> Rollout:
     """Builds the Rollout: loss_mask covers each completion through its first EOS (inclusive)."""
     ids = ids.repeat_interleave(group_size, 0)
     am = am.repeat_interleave(group_size, 0)
@@ -310,3 +310,15 @@ def decode_completions(tokenizer, rollout: Rollout) -> list[str]:
         kept = [t for t, m in zip(row, mask) if m and t != eos]
         texts.append(tokenizer.decode(kept, skip_special_tokens=True))
     return texts
+
+
+@torch.no_grad()
+def generate_texts(model, engine: HFEngine, prompts: Sequence[str], batch_size: int = 256,
+                   greedy: bool = True, generator=None) -> tuple[list[str], list[bool]]:
+    """One completion per prompt: (texts, truncated flags)."""
+    texts, trunc = [], []
+    for s in range(0, len(prompts), batch_size):
+        ro = engine.generate_with(model, prompts[s : s + batch_size], 1, generator=generator, greedy=greedy)
+        texts += decode_completions(engine.tokenizer, ro)
+        trunc += ro.truncated.tolist()
+    return texts, trunc

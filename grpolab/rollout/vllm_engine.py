@@ -5,7 +5,7 @@ CUDA only, an optional extra (`pip install "grpolab[vllm]"`; vLLM brings its own
 builds a `vllm.LLM` on it, so any policy works, `builtin:tiny` included; LoRA policies are refused. vLLM
 gets token ids (we tokenize, left-pad and decode: `skip_tokenizer_init`), stops only on the tokenizer's
 EOS (`stop_token_ids`; the folder's generation_config is ignored) and returns the EOS in the completion,
-so the Rollout is built by the HF engine's own `_assemble`.
+so the Rollout is built by the HF engine's own `build_rollout`.
 
 vLLM APIs used (vLLM ≥ 0.10.2, V1 engine; read in vLLM's docs and sources, and in how TRL's colocate
 mode drives it): `LLM(..., logprobs_mode=, enable_sleep_mode=, skip_tokenizer_init=, generation_config=)`,
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from grpolab.rollout.hf import _assemble, decode_completions, pad_id
-from grpolab.rollout.types import Rollout
+from grpolab.rollout.hf import build_rollout, decode_completions, pad_id
+from grpolab.batch import Rollout
 
 INSTALL_HINT = 'the vllm extra: pip install "grpolab[vllm]" (CUDA only; vLLM brings its own CUDA build of torch)'
 
@@ -103,7 +103,7 @@ def assemble_rollout(prompt_ids: Sequence[Sequence[int]], tokens: Sequence[Seque
                      logps: Sequence[Sequence[float]], stopped: Sequence[bool], group_size: int, eos_id: int,
                      pad_id: int, device=None) -> Rollout:
     """The Rollout of P prompts' completions (N = P × group_size rows, row g·G + j = completion j of
-    prompt g), built as the HF engine builds it (`hf._assemble`): prompts left-padded, completions
+    prompt g), built as the HF engine builds it (`hf.build_rollout`): prompts left-padded, completions
     right-padded with `pad_id`, loss_mask through the first EOS, sampler_logp [N, Lc] float32 (0 past
     it), truncated = no EOS. A completion counts as finished when it stopped on EOS or ends with one
     (vLLM may report a completion whose last allowed token is EOS as length-capped); a row shorter
@@ -117,7 +117,7 @@ def assemble_rollout(prompt_ids: Sequence[Sequence[int]], tokens: Sequence[Seque
     comp = torch.tensor([list(t) + [pad_id] * (width - len(t)) for t in tokens], dtype=torch.long, device=device)
     samp = torch.tensor([list(lp) + [0.0] * (width - len(lp)) for lp in logps], dtype=torch.float32, device=device)
     finished = torch.tensor([bool(s) or eos_id in t for s, t in zip(stopped, tokens)], device=device)
-    ro = _assemble(ids, am, comp, samp, finished, group_size, eos_id)
+    ro = build_rollout(ids, am, comp, samp, finished, group_size, eos_id)
     lengths = torch.tensor([len(t) for t in tokens], device=device)
     own = ro.loss_mask & (torch.arange(width, device=device) < lengths[:, None])
     if not torch.equal(own, ro.loss_mask):

@@ -11,7 +11,7 @@ from grpolab.agents.episode import to_tensors
 from grpolab.agents.protocol import load_environment
 from grpolab.agents.tools import load_tools
 from grpolab.models.tiny import build_tiny_model
-from grpolab.rollout.types import position_ids
+from grpolab.batch import position_ids
 
 
 class Script:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpolab import config as C
-from grpolab import config_io
+from grpolab.config import validation
 from grpolab.algo.advantages import (
     ADVANTAGE_ESTIMATORS,
     STD_MODES,
@@ -46,11 +46,11 @@ REGISTRY_FIELDS = {
 @pytest.mark.parametrize("field", sorted(REGISTRY_FIELDS))
 def test_validation_accepts_exactly_the_registry_keys(field):
     keys, bad = REGISTRY_FIELDS[field]
-    assert config_io.field_choices()[field] == keys
-    assert tuple(config_io.registry_choices()[field]) == keys
+    assert validation.field_choices()[field] == keys
+    assert tuple(validation.registry_choices()[field]) == keys
     for key in keys:
         cfg = C.from_preset("grpo", [f"{field}={key}"])
-        assert config_io.get_field(cfg, field) == key
+        assert validation.get_field(cfg, field) == key
     with pytest.raises(C.ConfigError, match=f"{field}='{bad}' is not one of {', '.join(keys)}"):
         C.from_preset("grpo", [f"{field}={bad}"])
 
@@ -61,7 +61,7 @@ def test_entries_have_the_documented_types():
     assert all(callable(k) for k in KL_ESTIMATORS.values())
     # every entry has a description for the config reference
     for field in REGISTRY_FIELDS:
-        assert all(config_io.registry_choices()[field].values()), field
+        assert all(validation.registry_choices()[field].values()), field
 
 
 def test_unknown_names_are_value_errors_naming_the_choices():

@@ -40,7 +40,7 @@ def test_the_objective_weights_each_tokens_policy_loss_by_the_truncated_ratio():
     from grpolab.forward import LogProbForward
     from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
     from grpolab.rollout.hf import HFEngine
-    from grpolab.train.objective import build_objective
+    from grpolab.grpo.objective import build_objective
 
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=0)

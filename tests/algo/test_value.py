@@ -14,7 +14,7 @@ from grpolab.algo.value import (
     token_rewards,
     value_loss,
 )
-from grpolab.train.objective import per_token_advantages
+from grpolab.grpo.objective import per_token_advantages
 
 # row 0: three counted tokens, reward 1 on the last; row 1: two counted tokens, reward -1, one pad
 MASK = torch.tensor([[True, True, True], [True, True, False]])
@@ -73,9 +73,9 @@ def test_last_token_and_per_token_kl_rewards():
     out = last_token_rewards(torch.tensor([2.0, -1.0, 5.0]), mask)
     torch.testing.assert_close(out, torch.tensor([[0.0, 0.0, 2.0, 0.0], [-1.0, 0, 0, 0], [0.0] * 4]))
     kl = torch.tensor([[0.1, 0.2, 0.3, 7.0], [0.5, 7.0, 7.0, 7.0], [7.0] * 4])
-    r = token_rewards(torch.tensor([2.0, -1.0, 5.0]), mask, kl, kl_coef=0.5)
+    r = token_rewards(torch.tensor([2.0, -1.0, 5.0]), mask, 0.5 * kl)
     torch.testing.assert_close(r, torch.tensor([[-0.05, -0.1, 2.0 - 0.15, 0.0], [-1.25, 0, 0, 0], [0.0] * 4]))
-    torch.testing.assert_close(token_rewards(torch.tensor([2.0, -1.0, 5.0]), mask, kl, 0.0), out)
+    torch.testing.assert_close(token_rewards(torch.tensor([2.0, -1.0, 5.0]), mask, None), out)
 
 
 def test_masked_whiten_hand_values():

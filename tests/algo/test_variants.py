@@ -323,3 +323,15 @@ def test_new_policy_losses_ignore_masked_positions_and_keep_shapes(name):
     noisy = torch.where(mask, per_tok, per_tok + 123.0)
     norm = agg_normalizer(mask, "token-mean")
     torch.testing.assert_close(aggregate(noisy, mask, "token-mean", norm), aggregate(per_tok, mask, "token-mean", norm))
+
+
+def test_kl_reward_penalty_per_sequence_and_per_token():
+    from grpolab.algo.kl import kl_reward_penalty
+
+    g = torch.Generator().manual_seed(0)
+    old, ref = torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)
+    mask = torch.tensor([[True] * 5, [True, True, False, False, False], [False] * 5])
+    per_seq, per_tok = kl_reward_penalty(old, ref, mask, 0.5, kl_k3)
+    torch.testing.assert_close(per_seq, 0.5 * sequence_kl(old, ref, mask, kl_k3))
+    torch.testing.assert_close(per_tok.sum(-1), per_seq)
+    assert per_tok.shape == (3, 5) and bool((per_tok[~mask] == 0).all())

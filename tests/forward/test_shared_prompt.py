@@ -8,8 +8,7 @@ import copy
 import pytest
 import torch
 
-from grpolab.forward import shared_prompt
-from grpolab.forward import batched_logprobs, completion_logprobs
+from grpolab.forward import batched_logprobs, completion_logprobs, shared_prompt
 from grpolab.forward.attention import FAST_CPU_ATTENTION
 from grpolab.models.tiny import build_tiny_model
 

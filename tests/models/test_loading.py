@@ -216,7 +216,7 @@ def test_a_folder_asking_for_its_own_code_is_refused_before_any_of_it_runs(tmp_p
 
     from safetensors.torch import save_file
 
-    from grpolab.train.reward_model import load_reward_model
+    from grpolab.reward_models.model import load_reward_model
 
     config = {"model_type": "llama", "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 1,
               "num_attention_heads": 2, "intermediate_size": 32}

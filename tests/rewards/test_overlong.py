@@ -9,7 +9,7 @@ import torch
 from grpolab.errors import ConfigError
 from grpolab.rewards.registry import build_reward, reward_names
 from grpolab.rewards.shaping import overlong_penalty
-from grpolab.train.stats import StepStats, score_rollout
+from grpolab.grpo.stats import StepStats, score_rollout
 
 
 def test_trl_soft_overlong_punishment_values():

@@ -8,14 +8,9 @@ from grpolab.data.preferences import refusal_pairs
 from grpolab.models.tiny import build_char_tokenizer
 from grpolab.rewards.base import build_reward, reward_names, score_batch
 from grpolab.rewards.reward_model import RewardModelReward
-from grpolab.train.reward_model import (
-    build_reward_model,
-    save_reward_model,
-    score_stats,
-    score_texts,
-    torch_threads,
-    train_reward_model,
-)
+from grpolab.reward_models.model import build_reward_model, save_reward_model, score_texts
+from grpolab.reward_models.training import score_stats, train_reward_model
+from grpolab.app.demo_reward_models import torch_threads
 
 PROMPTS = ["12+07=", "5/00=", "+4=", "03*04=", "99-09=", "144/12="]
 COMPLETIONS = ["19", "cannot", "", "12", "1234567", "can"]

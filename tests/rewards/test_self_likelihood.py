@@ -8,13 +8,13 @@ import json
 import pytest
 import torch
 
-from grpolab import cli
-from grpolab import config as C
+from grpolab import cli, config as C
 from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.rewards.registry import build_reward
 from grpolab.rewards.self_likelihood import SelfLikelihood, completion_eos_mask
-from grpolab.train.setup import build_rewards, load_policy
-from grpolab.train.sft import train_sft
+from grpolab.rewards.registry import build_rewards
+from grpolab.models.policy import load_policy
+from grpolab.sft.sft import train_sft
 
 PROMPTS = ["12+7=", "3+4=", "99-98=", "5*5="]
 COMPLETIONS = ["91", "cannot", "", "52x"]

@@ -1,4 +1,4 @@
-"""The step's `accuracy` metric (grpolab.train.stats): the 1.0 rate of the first reward, in config
+"""The step's `accuracy` metric (grpolab.grpo.stats): the 1.0 rate of the first reward, in config
 order, whose verifier flag is set and that scored at least one row."""
 
 from types import SimpleNamespace
@@ -7,7 +7,7 @@ import torch
 
 from grpolab.data.arith import REFUSAL
 from grpolab.rewards.registry import build_reward
-from grpolab.train.stats import StepRecord, StepStats, score_rollout
+from grpolab.grpo.stats import StepRecord, StepStats, score_rollout
 
 G = 2
 
@@ -23,7 +23,7 @@ def _step(rewards):
     st = StepStats(0)
     scores, combined = score_rollout(rewards, items, texts, ro, "raise", st)
     ro.rewards = combined
-    s = SimpleNamespace(scheduler=SimpleNamespace(get_last_lr=lambda: [1e-4]), mfu=lambda row: 0.0)
+    s = SimpleNamespace(optim=SimpleNamespace(scheduler=SimpleNamespace(get_last_lr=lambda: [1e-4])), mfu=lambda row: 0.0)
     return st.finish(StepRecord.of(ro, items, texts, scores), s)
 
 

@@ -7,8 +7,7 @@ import weakref
 
 import torch
 
-from grpolab.forward import attention
-from grpolab.forward import batched_logprobs
+from grpolab.forward import attention, batched_logprobs
 from grpolab.forward.math_attention import short_attention
 from grpolab.rollout import static
 from grpolab.rollout.hf import HFEngine

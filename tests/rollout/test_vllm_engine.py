@@ -21,7 +21,7 @@ import torch
 from grpolab import config as C
 from grpolab.rollout import vllm_engine as V
 from grpolab.rollout.engine import ENGINES, Engine, build_engine
-from grpolab.rollout.hf import _assemble
+from grpolab.rollout.hf import build_rollout
 
 EOS, PAD = 1, 0
 PROMPTS = ["12+7=", "3-1="]
@@ -60,9 +60,9 @@ def test_the_factory_refuses_without_a_gpu_without_vllm_and_with_lora(monkeypatc
 
 
 def _hf_rollout(prompt_ids, comp, samp, finished, group_size):
-    """What the HF engine's `_assemble` builds from its own (left-padded) tensors."""
+    """What the HF engine's `build_rollout` builds from its own (left-padded) tensors."""
     ids, am = V.left_pad(prompt_ids, PAD)
-    return _assemble(ids, am, torch.tensor(comp), torch.tensor(samp), torch.tensor(finished), group_size, EOS)
+    return build_rollout(ids, am, torch.tensor(comp), torch.tensor(samp), torch.tensor(finished), group_size, EOS)
 
 
 def _assert_same(got, want):
@@ -253,17 +253,17 @@ def test_load_weights_sends_each_tensor_once_in_order_and_resets_the_prefix_cach
 def test_a_grpo_step_trains_on_the_engines_rollouts_and_syncs_the_new_weights(fake_vllm):
     """The loop (grpo.train) with the engine in place of the HF one: Phase A and B run on its Rollouts and
     the step ends with every policy tensor but the tied LM head sent to vLLM's model as version 1."""
-    from grpolab.train import grpo
-    from grpolab.train.setup import build_setup
+    from grpolab.grpo import loop as grpo
+    from grpolab.grpo.setup import build_setup
 
     cfg = C.from_preset("grpo", ["loss.kl_coef=0", "rollout.prompts_per_step=2", "rollout.group_size=3",
                                  "rollout.max_new_tokens=4", "train.steps=1", "train.minibatch_size=6",
                                  "train.microbatch_size=6", "run.tensorboard=false", "run.progress=false"])
     setup = build_setup(cfg)
-    setup.engine = eng = V.VLLMEngine(FakeLLM(), setup.tokenizer, max_new_tokens=4, sleep=True, device="cpu")
+    setup.data.engine = eng = V.VLLMEngine(FakeLLM(), setup.models.tokenizer, max_new_tokens=4, sleep=True, device="cpu")
     rows = grpo.train(setup)
     assert eng.weight_version == 1 and rows[0]["len/mean"] > 0 and rows[0]["sync/bytes"] == eng.last_sync_bytes
-    state = setup.policy.state_dict()
+    state = setup.models.policy.state_dict()
     loaded = dict(eng.llm.model.loaded)
     assert set(loaded) == set(state) - {"lm_head.weight"}
     assert all(torch.equal(loaded[k], state[k]) for k in loaded)

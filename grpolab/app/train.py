@@ -1,0 +1,111 @@
+"""`grpolab train` and `grpolab sft` of a config: run directory, resume, the loop (or SFT), final/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpolab.app.common import load_config, say
+from grpolab.config import ConfigError
+from grpolab.parallel.launch import apply_threads
+
+
+def train_command(config: str, overrides: list[str], *, resume: bool = False, overwrite: bool = False) -> int:
+    """`grpolab train CONFIG [overrides] [--resume] [--overwrite]` in this process (one rank of it)."""
+    cfg = apply_threads(load_config(config, overrides))
+    if resume and overwrite:
+        raise ConfigError("--resume continues the run in run.out_dir and --overwrite moves it aside: choose one")
+    if resume:
+        cfg = cfg.replace(**{"run.resume": cfg.run.resume or "auto"})
+    if cfg.loss.policy_loss == "sft":
+        return sft_from_cfg(cfg, overwrite=overwrite)
+    return train_from_cfg(cfg, overwrite=overwrite)
+
+
+def sft_command(config: str, overrides: list[str], *, overwrite: bool = False) -> int:
+    """`grpolab sft [CONFIG] [overrides]`: the config (default: the sft preset) with loss.policy_loss=sft."""
+    cfg = apply_threads(load_config(config or "sft", overrides))
+    return sft_from_cfg(cfg.replace(**{"loss.policy_loss": "sft"}), overwrite=overwrite)
+
+
+def train_from_cfg(cfg, overwrite: bool = False) -> int:
+    """`grpolab train` of a loaded config: run directory, resume (run.resume), the loop, final/."""
+    from grpolab.parallel.launch import init_parallel
+    from grpolab.report.progress import Progress
+    from grpolab.rundir.checkpoint import resolve_resume, step_of
+    from grpolab.rundir.rundir import make_run_dir, write_config
+    from grpolab.grpo.run import train_in_run_dir
+    from grpolab.grpo.setup import build_setup
+    from grpolab.models.loading import resolve_compute_dtype
+
+    if cfg.run.resume == "auto" and not cfg.run.out_dir:
+        raise ConfigError("--resume (run.resume=auto) needs the run folder to continue: add run.out_dir=DIR")
+    par = init_parallel(cfg.model.device, cfg.train.parallel, resolve_compute_dtype(cfg.model.dtype, cfg.model.device))
+    note = say if par.is_main else None
+    if cfg.off_policy_steps and note is not None:
+        from grpolab.app.config_reference import off_policy_note
+
+        note(f"grpolab: note: {off_policy_note(cfg)}")
+    resume_from = None if overwrite else resolve_resume(cfg.run.resume, Path(cfg.run.out_dir or "."), say=note,
+                                                      checkpoint_every=cfg.run.checkpoint_every)
+    if resume_from is not None and not cfg.run.out_dir:  # an explicit checkpoint: continue its run
+        cfg = cfg.replace(**{"run.out_dir": str(resume_from.parent.parent)})
+    run_dir = Path(_on_rank0(par, lambda: str(make_run_dir(cfg, command="train", resume=bool(cfg.run.resume),
+                                                            overwrite=overwrite))))
+    if par.is_main:
+        write_config(cfg, run_dir)
+    start = min(step_of(resume_from), cfg.train.steps) if resume_from is not None else 0
+    progress = Progress(cfg.train.steps, enabled=cfg.run.progress and par.is_main, start_step=start)
+    setup = build_setup(cfg, progress=progress, parallel=par)
+    code = train_in_run_dir(setup, run_dir, resume_from)
+    if par.is_main:
+        print(f"run directory: {run_dir}")
+    return code
+
+
+def _on_rank0(par, fn):
+    """fn() on rank 0, its result (or its ConfigError, raised again) on every rank."""
+    result = None
+    if par.is_main:
+        try:
+            result = ("ok", fn())
+        except ConfigError as e:
+            result = ("error", str(e))
+    kind, value = par.broadcast(result)
+    if kind == "error":
+        raise ConfigError(value)
+    return value
+
+
+def _print_sft_loss(i: int, loss: float) -> None:
+    if i == 0 or (i + 1) % 50 == 0:
+        print(f"[sft] step {i + 1} loss {loss:.4f}")
+
+
+def sft_from_cfg(cfg, overwrite: bool = False) -> int:
+    """`grpolab sft` of a loaded config: run directory, SFT (the built-in task's recipe, or data.source's
+    pairs), final/."""
+    from grpolab.data.build import arith_task
+    from grpolab.rundir.rundir import make_run_dir, mark_finished, write_config
+    from grpolab.models.policy import load_policy
+    from grpolab.sft.sft import sft_builtin, train_sft
+
+    run_dir = make_run_dir(cfg, "sft", command="sft", overwrite=overwrite)
+    write_config(cfg, run_dir)
+    model, tok = load_policy(cfg)
+    if cfg.data.source != "builtin:arith":
+        from grpolab.data.build import source_options
+        from grpolab.data.sft_pairs import load_sft_pairs
+
+        d = cfg.data
+        pairs = load_sft_pairs(d.source, response_field=d.response_field, prompt_field=d.prompt_field,
+                               messages_field=d.messages_field, **source_options(cfg, tok))
+        losses = train_sft(model, tok, pairs, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
+                           microbatch_size=cfg.sft.microbatch_size, lr=cfg.sft.lr, seed=cfg.train.seed,
+                           on_step=_print_sft_loss)
+    else:  # the built-in task: refusal kinds and the early stop on a training-side probe as in the demo
+        losses = sft_builtin(model, tok, arith_task(cfg), cfg)
+    model.save_pretrained(run_dir / "final")
+    tok.save_pretrained(run_dir / "final")
+    mark_finished(run_dir)
+    print(f"final loss {losses[-1]:.4f}; run directory: {run_dir}")
+    return 0

@@ -1,0 +1,27 @@
+"""What the command modules share: the --overwrite help, and bad input as one message."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable
+
+OVERWRITE_HELP = "when the output folder holds a run, move that run aside (DIR.old-<time>; nothing is deleted)"
+
+
+def named_errors(run: Callable[[Any], int], args) -> int:
+    """run(args); bad input (data, model, rewards, checkpoints) ends it with one paragraph naming the
+    culprit, not a traceback (GRPOLAB_DEBUG=1 shows it); config errors go to main()."""
+    from grpolab.errors import ConfigError
+    from grpolab.rewards.base import RewardError
+    from grpolab.rundir.checkpoint import CheckpointError
+
+    try:
+        return run(args)
+    except ConfigError:
+        raise
+    except (CheckpointError, RewardError, ValueError, FileNotFoundError, FileExistsError) as e:
+        if os.environ.get("GRPOLAB_DEBUG"):
+            raise
+        print(f"grpolab: error: {e}", file=sys.stderr)
+        return 2

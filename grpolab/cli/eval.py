@@ -1,0 +1,46 @@
+"""`grpolab eval MODEL [CONFIG] [overrides]`: held-out evaluation of a model (an HF folder, or a run
+directory's final/) by a config's rewards: greedy, and with --samples K sampled pass@1 / pass@K;
+JSON on stdout (and --out)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from grpolab.cli.common import named_errors
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    e = subparsers.add_parser("eval", help="held-out evaluation of a model by a config's rewards (greedy; sampled "
+                                           "with --samples)")
+    e.add_argument("model", help="an HF folder, or a run directory (its final/)")
+    e.add_argument("config", nargs="?", default="grpo", help="a YAML file or preset: data.eval_source (or the "
+                                                               "built-in task's held-out split), rewards, rollout")
+    e.add_argument("overrides", nargs="*")
+    e.add_argument("--samples", type=int, default=0, metavar="K", help="also K sampled completions per prompt: "
+                                                                        "mean reward, pass@1, pass@K")
+    e.add_argument("--best-of", type=int, default=0, metavar="N",
+                   help="also best-of-N by the model's own sequence likelihood vs greedy (the inference-time "
+                        "effect of sharpening)")
+    e.add_argument("--out", default="", help="also write the result (with examples) to this JSON file")
+    e.set_defaults(fn=run)
+    return e
+
+
+def run(args) -> int:
+    return named_errors(_run, args)
+
+
+def _run(args) -> int:
+    from grpolab.app.common import load_config, say
+    from grpolab.evaluation.evaluate import evaluate_model, format_eval
+    from grpolab.parallel.launch import apply_threads
+
+    cfg = apply_threads(load_config(args.config, args.overrides))
+    res = evaluate_model(args.model, cfg, samples=args.samples, best_of=args.best_of)
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=2))
+    print(json.dumps({k: v for k, v in res.items() if k != "examples"}, indent=2))
+    say(format_eval(res))
+    return 0

@@ -1,0 +1,138 @@
+"""Held-out evaluation: greedy (or sampled) completions scored with the exact rule checks."""
+
+from __future__ import annotations
+
+
+
+import torch
+
+from grpolab.rewards.rules import is_correct, is_refusal
+from grpolab.rundir.rundir import model_folder
+from grpolab.rollout.hf import HFEngine, decode_completions, generate_texts
+
+
+def evaluate_arith(model, engine: HFEngine, items, greedy: bool = True, generator=None) -> dict:
+    """accuracy: share of answerable prompts answered correctly; refusal_recall: share of
+    unanswerable prompts refused; false_refusal: share of answerable prompts refused.
+    A completion that did not end with EOS counts as wrong (and as no refusal)."""
+    texts, trunc = generate_texts(model, engine, [it.prompt for it in items], greedy=greedy, generator=generator)
+    ans = [(t, tr, it) for t, tr, it in zip(texts, trunc, items) if it.meta["answerable"]]
+    una = [(t, tr, it) for t, tr, it in zip(texts, trunc, items) if not it.meta["answerable"]]
+    acc = sum(1 for t, tr, it in ans if not tr and is_correct(t, it.meta)) / max(len(ans), 1)
+    rec = sum(1 for t, tr, it in una if not tr and is_refusal(t)) / max(len(una), 1)
+    fr = sum(1 for t, tr, it in ans if not tr and is_refusal(t)) / max(len(ans), 1)
+    by_op: dict[str, list[int]] = {}
+    for t, tr, it in ans:
+        by_op.setdefault(it.meta["op"], []).append(int(not tr and is_correct(t, it.meta)))
+    by_kind: dict[str, list[int]] = {}
+    for t, tr, it in una:
+        by_kind.setdefault(it.meta["kind"], []).append(int(not tr and is_refusal(t)))
+    return {
+        "accuracy": acc, "refusal_recall": rec, "false_refusal": fr,
+        "refusal_recall_by_kind": {k: sum(v) / len(v) for k, v in sorted(by_kind.items())},
+        "answerable": len(ans), "unanswerable": len(una),
+        "accuracy_by_op": {op: sum(v) / len(v) for op, v in sorted(by_op.items())},
+        "examples": [{"prompt": it.prompt, "completion": t} for t, _, it in list(zip(texts, trunc, items))[:12]],
+    }
+
+
+def evaluate_task(model, engine: HFEngine, items, rewards, samples: int = 0, generator=None) -> dict:
+    """Held-out evaluation of any task by its config's rewards: `rewards` is [(RewardFn, weight)].
+
+    greedy: each reward's mean over the rows it scored, the weighted sum's mean, and `accuracy` (the
+    1.0 rate of the first verifier reward that scored a row). With samples = k > 0 also, over k
+    completions per prompt sampled at the engine's temperature: the mean reward, pass@1 (mean
+    accuracy) and pass@k (share of prompts with at least one correct completion).
+    """
+    from grpolab.rewards.base import combine, score_batch
+    from grpolab.rewards.registry import is_verifier
+    from grpolab.algo.metrics import correct_rows, nanmean
+
+    prompts = [it.prompt for it in items]
+    verifiers = [fn.name for fn, _ in rewards if is_verifier(fn)]
+
+    def score(texts, trunc, reps):
+        metas = [{**items[i // reps].meta, "truncated": tr} for i, tr in enumerate(trunc)]
+        rows = [p for p in prompts for _ in range(reps)]
+        scores = {fn.name: score_batch(fn, rows, texts, metas) for fn, _ in rewards}
+        return scores, combine(scores, {fn.name: w for fn, w in rewards}), correct_rows(scores, verifiers)
+
+    texts, trunc = generate_texts(model, engine, prompts, greedy=True)
+    scores, total, correct = score(texts, trunc, 1)
+    out = {"prompts": len(items), "greedy": {"reward": nanmean(total),
+                                             **{f"reward/{k}": nanmean(v) for k, v in scores.items()}}}
+    if correct is not None:
+        out["greedy"]["accuracy"] = nanmean(correct)
+    if samples > 0:
+        sampled, strunc = [], []
+        for s in range(0, len(prompts), 64):
+            ro = engine.generate_with(model, prompts[s:s + 64], samples, generator=generator)
+            sampled += decode_completions(engine.tokenizer, ro)
+            strunc += ro.truncated.tolist()
+        _, stotal, scorrect = score(sampled, strunc, samples)
+        out["sampled"] = {"samples": samples, "reward": nanmean(stotal)}
+        if scorrect is not None:
+            hit = (scorrect == 1.0).view(-1, samples)
+            scored = ~torch.isnan(scorrect).view(-1, samples).all(-1)
+            out["sampled"]["pass@1"] = float(hit[scored].float().mean()) if scored.any() else float("nan")
+            out["sampled"][f"pass@{samples}"] = float(hit[scored].any(-1).float().mean()) if scored.any() else float("nan")
+    out["examples"] = [{"prompt": p, "completion": t} for p, t in list(zip(prompts, texts))[:12]]
+    return out
+
+
+def eval_items(cfg, tokenizer) -> list:
+    """The held-out prompts: data.eval_source (its first data.eval_prompts), or builtin:arith's split."""
+    from grpolab.config import ConfigError
+    from grpolab.data.build import arith_eval_items, prompt_stream
+
+    if cfg.data.eval_source:
+        stream = prompt_stream(cfg.replace(**{"data.source": cfg.data.eval_source}), tokenizer)
+        return list(stream.items)[: cfg.data.eval_prompts]
+    if cfg.data.source == "builtin:arith":
+        return arith_eval_items(cfg)
+    raise ConfigError(f"data.eval_source: the held-out prompts of data.source={cfg.data.source!r} are needed for "
+                      "grpolab eval (e.g. data.eval_source=jsonl:heldout.jsonl); training prompts are not held out")
+
+
+def evaluate_model(model_path, cfg, samples: int = 0, best_of: int = 0) -> dict:
+    """`grpolab eval`: the model at `model_path` (an HF folder or a run directory) by `evaluate_policy`."""
+    from grpolab.models.loading import load_model
+
+    model, tok = load_model(model_folder(model_path), device=cfg.model.device)
+    return evaluate_policy(model, tok, cfg, samples, best_of=best_of)
+
+
+def evaluate_policy(model, tokenizer, cfg, samples: int = 0, items=None, best_of: int = 0) -> dict:
+    """A policy on cfg's held-out prompts (`eval_items`, or `items`), scored by cfg's rewards
+    (`evaluate_task`), generating as training does (rollout.* sampling, model.dtype compute dtype,
+    sampling seeded by train.seed); for the built-in task's own split also its refusal metrics
+    (`evaluate_arith`, under "arith"). best_of = n > 0: also greedy vs best-of-n by the model's own
+    sequence likelihood (`evaluation.best_of_n.best_of_n_eval`, under "best_of_n"). What `grpolab eval`, the
+    demo and bench/real_model.py report."""
+    from grpolab.rewards.registry import build_rewards
+    from grpolab.models.loading import resolve_compute_dtype
+
+    items = eval_items(cfg, tokenizer) if items is None else items
+    r = cfg.rollout
+    engine = HFEngine(tokenizer, r.max_new_tokens, r.temperature, r.top_p, r.top_k,
+                      compute_dtype=resolve_compute_dtype(cfg.model.dtype, cfg.model.device))
+    gen = torch.Generator(device=cfg.model.device).manual_seed(cfg.train.seed)
+    rewards = build_rewards(cfg)
+    res = evaluate_task(model, engine, items, rewards, samples=samples, generator=gen)
+    arith = cfg.data.source == "builtin:arith" and not cfg.data.eval_source
+    if arith:
+        res["arith"] = {k: v for k, v in evaluate_arith(model, engine, items).items() if k != "examples"}
+    if best_of > 0:
+        from grpolab.evaluation.best_of_n import best_of_n_eval
+
+        res["best_of_n"] = best_of_n_eval(model, engine, items, rewards, best_of, gen, arith=arith)
+    return res
+
+
+def format_eval(res: dict) -> str:
+    """The float metrics of an `evaluate_policy` result as a two-column table."""
+    rows = [(part, k, v) for part in ("greedy", "sampled") for k, v in res.get(part, {}).items()]
+    bo = res.get("best_of_n", {})
+    rows += [(f"bo{bo['n']}:{part}", k, v) for part in ("greedy", "best_of_n", "sampled")
+             for k, v in bo.get(part, {}).items()]
+    return "\n".join(f"{part:<18} {k:<28} {v:.4f}" for part, k, v in rows if isinstance(v, float))

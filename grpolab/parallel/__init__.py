@@ -1,0 +1,1 @@
+"""Data parallelism: torchrun launch, the process group, sharded checkpoints, joining a Ray cluster."""

@@ -1,0 +1,1 @@
+"""Reward models: the model, its training, process RMs, and their refresh during GRPO."""

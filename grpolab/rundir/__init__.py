@@ -1,0 +1,1 @@
+"""Run folders (claimed, never overwritten), checkpoints and export."""

@@ -1,0 +1,136 @@
+"""Run directories are never overwritten: a command claims its folder first (`claim`, `make_run_dir`);
+`write_config` and `write_eval` write its config.yaml and eval.json, `model_folder` finds its final/.
+
+A folder holds a run when it has results worth keeping (`holds_run`: logged steps, checkpoints,
+final/, eval.json, a reward model, or a run recorded as finished). Claiming such a folder is refused unless the
+command continues that run (`--resume`, same command) or was given `--overwrite`, which moves the
+old run aside (`DIR.old-<time>`), never deletes it. `run.json` records the command and whether the
+run finished, independent of its checkpoints:
+
+    {"command": "train", "status": "running" | "finished", "started": "...", "finished": "..."}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from grpolab import config as C
+from grpolab.errors import ConfigError
+
+RUN_FILE = "run.json"
+RESULTS = ("final", "eval.json", "grpolab_rm.json")
+"""Files and folders that make a folder hold a run by being there (besides logged steps,
+checkpoints and a finished run.json)."""
+
+
+def holds_run(path: Path) -> bool:
+    """Whether `path` holds results worth keeping: logged steps, checkpoints, a model, an evaluation,
+    or a run recorded as finished (a run that failed before its first step leaves only run.json and
+    config.yaml, and its folder can be used again)."""
+    if not path.is_dir():
+        return False
+    metrics = path / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        return True
+    if any((path / "checkpoints").glob("step-*")) or read_run(path).get("status") == "finished":
+        return True
+    return any((path / name).exists() for name in RESULTS)
+
+
+def read_run(path: Path) -> dict:
+    """run.json of `path` ({} when it has none or it is unreadable)."""
+    try:
+        info = json.loads((path / RUN_FILE).read_text())
+        return info if isinstance(info, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _describe(path: Path) -> str:
+    info = read_run(path)
+    command = info.get("command", "grpolab")
+    status = info.get("status") or ("finished" if (path / "final").exists() else "unfinished")
+    article = "an" if status[0] in "aeiou" else "a"
+    steps = [p.name for p in (path / "checkpoints").glob("step-*") if p.name[5:].isdigit()]
+    latest = f" (checkpoints up to {max(steps, key=lambda n: int(n[5:]))})" if steps else ""
+    return f"{article} {status} {command} run{latest}"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _write(path: Path, info: dict) -> None:
+    tmp = path / (RUN_FILE + ".tmp")
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, path / RUN_FILE)
+
+
+def move_aside(path: Path) -> Path:
+    """Renames the run at `path` to `path.old-<time>[-n]` (nothing is deleted); returns the new name."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        dest = path.with_name(f"{path.name}.old-{stamp}" + (f"-{n}" if n else ""))
+        if not dest.exists():
+            os.rename(path, dest)
+            return dest
+    raise ConfigError(f"cannot move {path} aside: too many {path.name}.old-{stamp}* folders")
+
+
+def claim(path: Path, command: str, *, resume: bool = False, overwrite: bool = False,
+          field: str = "run.out_dir", say=print) -> Path:
+    """Makes `path` the folder of a new (or, with `resume`, continued) `command` run and records it
+    in run.json; refuses a folder holding another run (ConfigError naming `field` and the ways out)."""
+    path = Path(path)
+    if holds_run(path):
+        previous = read_run(path).get("command")
+        if overwrite:
+            say(f"grpolab: moved the run that was in {path} to {move_aside(path)}")
+        elif not resume:
+            how = "add --resume to continue it, " if command == "train" else ""
+            raise ConfigError(f"{field}={str(path)!r} already holds {_describe(path)}; {how}add --overwrite to move "
+                              "it aside (nothing is deleted), or choose another folder")
+        elif previous not in (None, command):
+            raise ConfigError(f"{field}={str(path)!r} holds {_describe(path)}, which `grpolab {command} --resume` "
+                              "cannot continue; choose another folder (or --overwrite to move it aside)")
+    path.mkdir(parents=True, exist_ok=True)
+    info = read_run(path) if resume else {}
+    _write(path, {**info, "command": command, "status": "running", "started": info.get("started", _now())})
+    return path
+
+
+def mark_finished(path: Path) -> None:
+    """Records in run.json that the run at `path` finished."""
+    _write(path, {**read_run(path), "status": "finished", "finished": _now()})
+
+
+def model_folder(path) -> str:
+    """An HF folder as given, or a run directory's final/."""
+    path = Path(path)
+    return str(path / "final" if (path / "final" / "config.json").is_file() else path)
+
+
+def make_run_dir(cfg: C.Config, default_name: str = "grpo", *, command: str = "train", resume: bool = False,
+                 overwrite: bool = False) -> Path:
+    """cfg.run.out_dir, or a new runs/<name>-<timestamp> folder, claimed for `command`
+    (`claim`: a folder holding another run is refused unless resumed or overwritten)."""
+    if cfg.run.out_dir:
+        path = Path(cfg.run.out_dir)
+    else:
+        path = Path("runs") / f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return claim(path, command, resume=resume, overwrite=overwrite,
+                 say=lambda msg: print(msg, file=sys.stderr))
+
+
+def write_config(cfg: C.Config, run_dir: Path) -> None:
+    C.dump(cfg, str(run_dir / "config.yaml"))
+
+
+def write_eval(run_dir: Path, payload: dict) -> None:
+    tmp = run_dir / "eval.json.tmp"
+    tmp.write_text(json.dumps(payload, indent=2))
+    tmp.replace(run_dir / "eval.json")

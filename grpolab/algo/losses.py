@@ -343,7 +343,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def sft_nll(logp: torch.Tensor, loss_mask: torch.Tensor, normalizer: torch.Tensor | None = None) -> torch.Tensor:
-    """SFT token cross-entropy as seed 004 writes it: mean over each response's tokens, then mean
+    """SFT token cross-entropy as the SFT-to-GRPO spectrum writes it: mean over each response's tokens, then mean
     over responses. logp: [n, L] log-probs of the target tokens; loss_mask: [n, L].
     normalizer: number of responses in the whole (mini)batch (default: this batch's). Returns scalar.
     """

@@ -14,7 +14,7 @@ completions, over several seeds, and is evaluated greedily on the same held-out 
 - the budget: every variant generates P × G × steps completions. DAPO's dynamic sampling draws
   extra batches, so its run stops after the step where its count reaches the budget (fewer
   optimizer steps: the price of the extra samples), overshooting by at most that step's batches;
-- the reward is seed 004's three levels (`seed004_reward`): +1 correct (the answer, or the refusal
+- the reward has three levels (`three_level_reward`): +1 correct (the answer, or the refusal
   "cannot" on an unanswerable prompt), −1 a wrong answer, −2 no answer (truncated, malformed, or
   the refusal of an answerable prompt). It must be negative somewhere: with a reward that never is,
   ReLU(r) = r and on-policy SFT would be REINFORCE. A refusal must cost more than a wrong answer:
@@ -49,11 +49,11 @@ DEFAULT_STEPS = 100
 QUICK_STEPS = 30
 EVAL_POINTS = 5
 """Held-out evaluations during a run (plus π0 and the final one)."""
-SEED004_REWARD = "{name: 'grpolab.app.ablate:seed004_reward', label: seed004, weight: 1.0}"
+THREE_LEVEL_REWARD = "{name: 'grpolab.app.ablate:three_level_reward', label: three_level, weight: 1.0}"
 SHARED_OVERRIDES = (
     "rollout.prompts_per_step=16", "rollout.group_size=8", "rollout.max_new_tokens=8",
     "train.lr=1e-4", "train.lr_schedule=constant", "train.warmup_steps=0",
-    f"rewards=[{SEED004_REWARD}, {{name: exact_match, weight: 0.0}}]",
+    f"rewards=[{THREE_LEVEL_REWARD}, {{name: exact_match, weight: 0.0}}]",
     "run.tensorboard=false", "run.progress=false", "run.checkpoint_every=0",
 )
 """The ablation's settings, applied to every variant (and π0's SFT settings come from the demo)."""
@@ -62,7 +62,7 @@ VARIANT_OVERRIDES = {"rl_sharpening": ("rewards=[self_likelihood:1.0, exact_matc
 FIXED_FIELDS = ("model.name_or_path", "data.source", "data.eval_source", "train.seed", "train.steps")
 
 
-def seed004_reward(prompts: Sequence[str], completions: Sequence[str], metadata: Sequence[dict]) -> list[float]:
+def three_level_reward(prompts: Sequence[str], completions: Sequence[str], metadata: Sequence[dict]) -> list[float]:
     """Seed 004's rewards (correct 1, wrong −1, format error −2) on the built-in task: +1 correct and
     finished (the answer, or the refusal on an unanswerable prompt); −1 a wrong integer (on an
     unanswerable prompt too); −2 no answer: truncated, neither an integer nor the refusal, or the

@@ -19,11 +19,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gspo": {"loss.policy_loss": "gspo", "loss.clip_eps_low": 3e-4, "loss.clip_eps_high": 4e-4, "loss.kl_coef": 0.0,
              "loss.loss_agg": "seq-mean-token-mean"},
     "rloo": {"loss.advantage": "rloo", "loss.kl_coef": 0.0},
-    # seed 004's futures, GRPO minus one trick each (grpo_no_kl drops the KL): sft_o1 = on-policy SFT with
+    # the spectrum's futures, GRPO minus one trick each (grpo_no_kl drops the KL): sft_o1 = on-policy SFT with
     # twice the on-policy steps for the same sampled completions; grpo_no_is = no ratio (SimPO's route)
     "sft_o1": {**_ONE_UPDATE, "loss.advantage": "relu", "rollout.prompts_per_step": 8, "train.steps": 100},
     "grpo_no_is": {"loss.policy_loss": "weighted_nll", "loss.kl_coef": 0.0, "loss.loss_agg": "seq-mean-token-mean"},
-    # seed 000's value-function loss: PPO, its KL per token in the reward (TRL's PPOTrainer: k1, β = 0.05)
+    # a learned value function: PPO, its KL per token in the reward (TRL's PPOTrainer: k1, β = 0.05)
     "ppo": {"loss.advantage": "gae", "loss.loss_agg": "token-mean", "loss.kl_in_reward": True,
             "loss.kl_estimator": "k1", "loss.kl_coef": 0.05},
 }

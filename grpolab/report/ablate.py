@@ -29,7 +29,7 @@ DIAL_VARIANTS = ("onpolicy_sft", "reinforce", "reinforce_norm", "grpo_no_is", "g
 
 def dial(variants: Sequence[str]) -> list[tuple[str, str, str, bool | None]]:
     """The steps from on-policy SFT to GRPO among `variants`: (what the step adds, from, to, whether
-    seed 004 expects it to matter: True for its tricks 1-2, False for 3-4, None for no trick of its).
+    the SFT-to-GRPO spectrum expects it to matter: True for its tricks 1-2, False for 3-4, None for no trick of its).
     With grpo_no_is (GRPO's several updates per rollout without the ratio) the third step splits
     into the extra updates and the importance ratio with its clipping."""
     steps: list[tuple[str, str, str, bool | None]] = [
@@ -97,7 +97,7 @@ def _change(c: dict) -> str:
 
 
 def _trick_verdict(c: dict, matters: bool) -> tuple[str, bool]:
-    """What a dial step did, and whether that agrees with seed 004 (matters: it should help beyond
+    """What a dial step did, and whether that agrees with the spectrum's claim (matters: it should help beyond
     the spread; else: adding it should not help beyond the spread, so it can be dropped)."""
     helps = c["verdict"] == "beyond" and c["delta"] > 0
     hurts = c["verdict"] == "beyond" and c["delta"] < 0
@@ -106,7 +106,7 @@ def _trick_verdict(c: dict, matters: bool) -> tuple[str, bool]:
 
 
 def summary_lines(rows: Sequence[dict]) -> list[str]:
-    """The computed summary: each dial step, seed 004's claim against it, the other variants against
+    """The computed summary: each dial step, the spectrum's claim against it, the other variants against
     grpo, and the best variant."""
     by = {r["variant"]: r for r in rows}
     n = max((r["accuracy"]["n"] for r in rows[1:]), default=0)
@@ -127,7 +127,7 @@ def summary_lines(rows: Sequence[dict]) -> list[str]:
                    "and the KL penalty can be varied or dropped (clipping, its trick 2, needs the importance "
                    f"ratio here). Measured: {'; '.join(verdicts)}: {agree} of {len(verdicts)} agree.")
     others = [r["variant"] for r in rows[1:] if r["variant"] not in DIAL_VARIANTS]
-    for name in others:  # sft_o1 (seed 004: more on-policy steps instead of the negative gradient) vs reinforce
+    for name in others:  # sft_o1 (more on-policy steps instead of the negative gradient) vs reinforce
         base = "reinforce" if name == "sft_o1" else "grpo"
         if base in by:
             out.append(f"- {name} vs {base}: accuracy {_change(compare(by[base], by[name]))}.")

@@ -1,6 +1,6 @@
 """Training reward models on preference pairs, and measuring them on pairs.
 
-Loss (Bradley-Terry, as seed 000 writes it): per pair -log σ(s_chosen - s_rejected); per
+Loss (Bradley-Terry, as the GRPO loop with two reward models writes it): per pair -log σ(s_chosen - s_rejected); per
 optimizer step the mean over the batch's pairs. Batch and microbatch sizes count PAIRS; the
 normalizer (batch_size) is fixed before splitting, and each microbatch's loss is its pairs' sum
 divided by it, so the accumulated gradient does not depend on the microbatch size

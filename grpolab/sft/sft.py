@@ -1,4 +1,4 @@
-"""SFT: token cross-entropy on (prompt, completion) pairs, as seed 004 writes it.
+"""SFT: token cross-entropy on (prompt, completion) pairs, as the SFT-to-GRPO spectrum writes it.
 
 Loss = mean over responses of (mean over each response's tokens of -log π). One optimizer step per
 batch of `batch_size` sequences, accumulated over microbatches; the normalizer (the batch's

@@ -118,13 +118,13 @@ def test_bad_settings_name_the_flag(tmp_path):
         A.Ablation(out=tmp_path, variants=("grpo",), seeds=(0,), steps=0)
 
 
-def test_seed004_reward_levels():
+def test_three_level_reward_levels():
     ans = {"answerable": True, "answer": "21", "truncated": False}
     una = {"answerable": False, "answer": None, "truncated": False}
     rows = [("21", ans, 1.0), ("12", ans, -1.0), ("cannot", ans, -2.0), ("2x", ans, -2.0),
             ("21", {**ans, "truncated": True}, -2.0), ("cannot", una, 1.0), ("5", una, -1.0), ("", una, -2.0)]
     texts, metas, want = zip(*rows)
-    assert A.seed004_reward([""] * len(rows), list(texts), list(metas)) == list(want)
+    assert A.three_level_reward([""] * len(rows), list(texts), list(metas)) == list(want)
 
 
 def _parse(argv):
@@ -209,8 +209,8 @@ def test_summary_with_grpo_no_is_splits_the_third_step():
     lines = _summary(acc)
     assert _line(lines, "- several updates per rollout, uncorrected (reinforce_norm → grpo_no_is)")
     assert _line(lines, "- importance sampling + clipping (grpo_no_is → grpo_no_kl)")
-    # equal means: the tricks seed 004 calls essential disagree, the droppable ones agree; the extra
-    # updates are no trick of seed 004's and are not counted
+    # equal means: the tricks the spectrum calls essential disagree, the droppable ones agree; the extra
+    # updates are no trick of the spectrum's and are not counted
     assert _line(lines, "The SFT-to-GRPO spectrum").endswith("2 of 4 agree.")
 
 

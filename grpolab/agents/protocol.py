@@ -19,14 +19,12 @@ episode. Errors are ConfigError naming the spec.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import math
-import os
-import sys
 from typing import Any, Callable, Mapping, NamedTuple, Protocol, runtime_checkable
 
 from grpolab.errors import ConfigError
+from grpolab.imports import import_object
 
 Message = dict[str, Any]
 """A chat message: {"role": str, "content": str, ...}."""
@@ -79,40 +77,6 @@ def as_step_result(value: Any, where: str) -> StepResult:
     return StepResult(messages, reward, done)
 
 
-def import_object(spec: str, what: str) -> Any:
-    """The object that 'pkg.mod:attr' names (attr may be dotted). ConfigError starting with `what`
-    (e.g. "environment 'pkg.mod:Env'") when the spec is malformed, the module is missing or fails
-    to import, or the attribute is missing. The working directory is tried as an import root when
-    the module is not found otherwise (as `python -m` would have it), like rewards' 'module:attr'."""
-    module_name, _, attr = spec.partition(":") if isinstance(spec, str) else ("", "", "")
-    if not module_name or not attr:
-        raise ConfigError(f"{what}: expected 'module:attr', e.g. 'mypkg.envs:MyEnv', got {spec!r}")
-    try:
-        obj = _import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name is not None and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise ConfigError(f"{what}: no module named {e.name!r} (is it on sys.path or PYTHONPATH?)") from None
-        raise ConfigError(f"{what}: importing module {module_name!r} failed: {e}") from e
-    except Exception as e:  # noqa: BLE001 - user code may raise anything while importing
-        raise ConfigError(f"{what}: importing module {module_name!r} failed: {type(e).__name__}: {e}") from e
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"{what}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    return obj
-
-
-def _import_module(module_name: str):
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        cwd = os.getcwd()
-        if e.name != module_name.split(".")[0] or cwd in sys.path or "" in sys.path:
-            raise
-        sys.path.insert(0, cwd)
-        return importlib.import_module(module_name)
-
-
 def load_environment(spec: str, kwargs: Mapping[str, Any] | None = None) -> Callable[[], Environment]:
     """The environment class that `spec` ('pkg.mod:Class') names, bound to `kwargs`.
 
@@ -122,7 +86,7 @@ def load_environment(spec: str, kwargs: Mapping[str, Any] | None = None) -> Call
     the spec otherwise.
     """
     what = f"environment {spec!r}"
-    cls = import_object(spec, what)
+    cls = import_object(spec, what, example="mypkg.envs:MyEnv")
     if not inspect.isclass(cls):
         raise ConfigError(f"{what}: is a {type(cls).__name__}, not a class with reset(item) and step(message)")
     missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]

@@ -30,7 +30,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Sequence
 
-from grpolab.agents.protocol import import_object
+from grpolab.imports import import_object
 from grpolab.agents.toolcall import MalformedCall, ParsedCall
 from grpolab.agents.toolworker import ToolWorker
 from grpolab.errors import ConfigError

@@ -158,7 +158,7 @@ def _serve() -> None:
     setup = json.loads(sys.stdin.readline())
     sys.path[:] = setup["sys_path"]
     try:
-        from grpolab.agents.protocol import import_object
+        from grpolab.imports import import_object
 
         functions = {name: import_object(spec, f"tool {spec!r}") for name, spec in setup["tools"].items()}
     except Exception as e:  # noqa: BLE001 - reported to the parent, which raises

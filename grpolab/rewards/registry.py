@@ -34,15 +34,13 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 import inspect
-import os
-import sys
 import types
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from grpolab.errors import ConfigError
+from grpolab.imports import import_object
 
 VERIFIER_KWARG = "verifier"
 """Reserved key of a reward entry's kwargs: overrides the reward's verifier flag."""
@@ -134,41 +132,12 @@ def _call_factory(factory: Callable[..., Any], kwargs: dict[str, Any], name: str
     return fn
 
 
-def _import_module(module_name: str):
-    """importlib.import_module, with the working directory on sys.path as `python -m` has it: a
-    `grpolab` console script starts without it, and a config's own reward module usually lies there."""
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        cwd = os.getcwd()
-        if e.name != module_name.split(".")[0] or cwd in sys.path or "" in sys.path:
-            raise
-        sys.path.insert(0, cwd)
-        return importlib.import_module(module_name)
-
-
 def _import_attr(name: str) -> Any:
     """The object at 'module:attr' (attr may be dotted); ConfigError naming the entry otherwise."""
-    module_name, _, attr = name.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"rewards: reward {name!r}: expected 'module:attr', e.g. 'mypkg.rewards:length_penalty'")
-    try:
-        obj = _import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name is not None and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise ConfigError(f"rewards: reward {name!r}: no module named {e.name!r} (is it on sys.path or "
-                              "PYTHONPATH?)") from None
-        raise ConfigError(f"rewards: reward {name!r}: importing module {module_name!r} failed: {e}") from e
-    except Exception as e:  # noqa: BLE001 - user code may raise anything while importing
-        raise ConfigError(f"rewards: reward {name!r}: importing module {module_name!r} failed: "
-                          f"{type(e).__name__}: {e}") from e
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"rewards: reward {name!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    obj = import_object(name, f"rewards: reward {name!r}", example="mypkg.rewards:length_penalty")
     if not callable(obj):
-        raise ConfigError(f"rewards: reward {name!r}: {attr!r} is a {type(obj).__name__}, not a callable "
-                          "(a reward function, a class or a factory)")
+        raise ConfigError(f"rewards: reward {name!r}: {name.partition(':')[2]!r} is a {type(obj).__name__}, not a "
+                          "callable (a reward function, a class or a factory)")
     return obj
 
 

@@ -1,4 +1,4 @@
-"""Multi-turn agent episodes (DESIGN §10): environments, tools, token-exact turn deltas, episode records.
+"""Multi-turn agent episodes: environments, tools, token-exact turn deltas, episode records.
 
 Importing this package imports nothing heavy; each module states its own dependencies.
 """

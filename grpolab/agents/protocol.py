@@ -1,6 +1,6 @@
 """The environment of an agent episode: the `Environment` protocol, `StepResult`, and loading one by name.
 
-An episode alternates policy turns and environment turns (DESIGN §10). The environment speaks in
+An episode alternates policy turns and environment turns. The environment speaks in
 chat messages: dicts with a "role" ("system" | "user" | "assistant" | "tool") and a "content" str
 (other keys, e.g. a tool message's "name", are passed to the chat template unchanged).
 

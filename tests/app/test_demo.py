@@ -96,15 +96,18 @@ def test_a_stopped_demo_continues_with_the_command_it_names_to_the_same_result(t
     import torch
     from safetensors.torch import load_file
 
-    small = ["run.progress=false", "train.steps=6", "sft.steps=20", "sft.stop_at_accuracy=0",
+    # a logged (weight 0) reward that takes 0.5 s a step: the signal surely lands while GRPO still runs
+    (tmp_path / "slow_reward.py").write_text("import time\n\ndef slow(prompts, completions, metadata):\n"
+                                             "    time.sleep(0.5)\n    return [0.0] * len(completions)\n")
+    small = ["run.progress=false", "train.steps=8", "sft.steps=20", "sft.stop_at_accuracy=0",
              "data.eval_prompts=16", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
              "rollout.prompts_per_step=4", "train.minibatch_size=16", "train.microbatch_size=16",
-             "run.checkpoint_every=1", "run.threads=1"]
+             "run.checkpoint_every=1", "run.threads=1", "rewards=[exact_match:1.0, refusal:1.0, slow_reward:slow:0.0]"]
     base = [sys.executable, "-m", "grpolab.cli", "demo", "--quick", "--no-report", *small]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    subprocess.run([*base, "--out", str(whole)], check=True, capture_output=True, timeout=600)
+    subprocess.run([*base, "--out", str(whole)], check=True, capture_output=True, timeout=600, cwd=tmp_path)
     proc = subprocess.Popen([*base, "--out", str(cut)], stderr=subprocess.PIPE, text=True,
-                            stdout=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, cwd=tmp_path)
     metrics = cut / "metrics.jsonl"
     while proc.poll() is None and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
         time.sleep(0.2)
@@ -115,7 +118,7 @@ def test_a_stopped_demo_continues_with_the_command_it_names_to_the_same_result(t
     hint = f"--resume --out {cut}"
     assert hint in err, err
     assert not (cut / "eval.json").exists()
-    resumed = subprocess.run([*base, *hint.split()], capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run([*base, *hint.split()], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming after step" in resumed.stderr
     torch.testing.assert_close(load_file(cut / "final" / "model.safetensors"),

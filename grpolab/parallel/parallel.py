@@ -126,9 +126,10 @@ class Parallel:
         return model
 
     def microbatch(self, module, last: bool):
-        """Context of one microbatch's forward and backward. DDP reduces the gradients over ranks only on
-        the minibatch's `last` microbatch; FSDP2 reduce-scatters them after every microbatch, so a rank
-        accumulates its gradient shard, never a full unsharded gradient (the memory FSDP2 is for)."""
+        """Context of one microbatch's forward and backward: gradients are reduced over ranks only on
+        the minibatch's `last` microbatch (no sync per microbatch)."""
+        if self.active and self.strategy == "fsdp2":
+            module.set_requires_gradient_sync(last)
         if self.active and self.strategy == "ddp" and not last:
             return module.no_sync()
         return contextlib.nullcontext()

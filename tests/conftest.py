@@ -14,6 +14,12 @@ def pytest_runtest_logreport(report):
         _SKIPPED.append(report.nodeid)
 
 
+def pytest_collectreport(report):
+    """A module skipped as a whole (e.g. `pytest.importorskip` at its top) is recorded by its path."""
+    if report.skipped and report.nodeid not in _SKIPPED:
+        _SKIPPED.append(report.nodeid)
+
+
 def pytest_sessionfinish(session, exitstatus):
     path = os.environ.get("GRPOLAB_RECORD_SKIPPED")
     if path:

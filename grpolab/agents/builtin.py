@@ -5,7 +5,7 @@
       environment: {name: "grpolab.agents.builtin:CalculatorTask", kwargs: {digits: 4}}
       rollout.tools: ["grpolab.agents.builtin:calculator"]
 - `GuessNumber`: find a secret in [1, n] from "higher"/"lower" replies.
-- `run_python`: a code tool; the code runs in grpolab's sandbox (rewards/sandbox.py: another uid,
+- `run_python`: a code tool; the code runs in grpolab's sandbox (sandbox/sandbox.py: another uid,
   resource limits, no network), never in the training process.
 
 An item is a dict: {"seed": int} (operands or secret drawn from random.Random(seed)), or the
@@ -150,7 +150,7 @@ def run_python(code: str) -> str:
     Args:
         code: A complete Python program; print what you want to see.
     """
-    from grpolab.rewards.sandbox import run_sandboxed
+    from grpolab.sandbox.sandbox import run_sandboxed
 
     result = run_sandboxed(code, timeout_s=5.0, memory_mb=512, max_output_bytes=4096)
     text = result.stdout

@@ -1,6 +1,6 @@
 """Episodes run as coroutines: each `EpisodeDriver.run` in a thread of its own that hands every turn
 request over and waits, so that a batch of episodes is sampled turn by turn in one decode
-(grpolab/agents/multiturn.py) while the between-turn logic stays the driver's own."""
+(grpolab.rollout.multiturn.py) while the between-turn logic stays the driver's own."""
 
 from __future__ import annotations
 

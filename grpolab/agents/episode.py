@@ -20,6 +20,8 @@ from typing import Any, NamedTuple, Sequence
 
 import torch
 
+from grpolab.batch import Rollout
+
 Message = dict[str, Any]
 
 
@@ -154,3 +156,62 @@ def to_tensors(episodes: Sequence[Episode], pad_id: int) -> EpisodeTensors:
         turn[row, : len(body)] = torch.tensor(e.turn_index, dtype=torch.long)
     truncated = torch.tensor([e.truncated for e in episodes], dtype=torch.bool)
     return EpisodeTensors(input_ids, attention, lp, policy, logp, turn, truncated)
+
+
+class EpisodeCounters(NamedTuple):
+    """One episode's counts, for logs and stats."""
+
+    turns: int
+    """Policy turns."""
+    tool_calls: int
+    tool_errors: int
+    """Failed tool calls, all kinds together (Episode.tool_errors has them by kind)."""
+    policy_tokens: int
+    env_tokens: int
+    """Environment/tool delta ids (template text included)."""
+    stop_reason: str
+    truncated: bool
+
+
+@dataclass
+class EpisodeBatch:
+    """N = P × G episodes, grouped by item (rows g·G .. g·G+G-1 are item g's), and how they were made.
+
+    stats: the engine's counters for the call: "forwards" (model calls), "rounds" (batched turns),
+    "fed_tokens" (ids fed, padding included), "fed_real_tokens" (ids fed, padding excluded),
+    "parked_tokens" (token-columns of KV copied to park rows between turns).
+    """
+
+    episodes: list[Episode]
+    group_size: int
+    pad_id: int
+    weight_version: int = 0
+    stats: dict[str, int] = field(default_factory=dict)
+
+    def tensors(self) -> EpisodeTensors:
+        """The trainer's layout (agents.episode.to_tensors): left-padded prompts, right-padded bodies."""
+        return to_tensors(self.episodes, self.pad_id)
+
+    def rollout(self) -> Rollout:
+        """The episodes as a Rollout: completion = body (policy and environment ids), loss_mask =
+        policy_mask (environment ids are context, never trained), sampler_logp on policy ids (0
+        elsewhere), truncated = Episode.truncated. For one-turn episodes without an environment this is
+        exactly HFEngine's Rollout. The environment's rewards are not in it (see `env_rewards`)."""
+        t = self.tensors()
+        return Rollout(input_ids=t.input_ids, attention_mask=t.attention_mask, prompt_len=t.prompt_len,
+                       loss_mask=t.policy_mask, truncated=t.truncated, group_size=self.group_size,
+                       sampler_logp=t.sampler_logp, weight_version=self.weight_version)
+
+    @property
+    def counters(self) -> list[EpisodeCounters]:
+        out = []
+        for e in self.episodes:
+            policy = sum(len(s.ids) for s in e.segments if s.policy)
+            out.append(EpisodeCounters(e.turns, e.tool_calls, sum(e.tool_errors.values()), policy,
+                                       len(e.body_ids) - policy, e.stop_reason, e.truncated))
+        return out
+
+    def env_rewards(self) -> torch.Tensor:
+        """[N] float32: each episode's summed step rewards (Episode.reward), NaN where no step gave one."""
+        return torch.tensor([float("nan") if e.reward is None else e.reward for e in self.episodes],
+                            dtype=torch.float32)

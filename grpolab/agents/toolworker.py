@@ -18,7 +18,7 @@ call (well under a millisecond) and a start (~0.1-1 s: the interpreter and the t
 at the first call and after each timeout; start-up never counts against a call's limit.
 
 Model-written code needs more than a process (another uid, resource limits, no network): see
-`builtin.run_python`, which runs it in rewards/sandbox.py.
+`builtin.run_python`, which runs it in sandbox/sandbox.py.
 """
 
 from __future__ import annotations

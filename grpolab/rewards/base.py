@@ -90,7 +90,7 @@ def call_with_timeout(fn: RewardFn, args: tuple, timeout_s: float) -> Any:
     The call runs in a daemon thread with the caller's grad mode. Python cannot kill a thread: a
     hung call keeps running in the background (and a process exit does not wait for it); what
     the run does next is train.on_reward_error's choice. A reward that may hang in C code or loop
-    forever on purpose belongs in a subprocess with a hard limit (see rewards/sandbox.py).
+    forever on purpose belongs in a subprocess with a hard limit (see sandbox/sandbox.py).
     """
     if not timeout_s:
         return fn(*args)

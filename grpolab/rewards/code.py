@@ -1,5 +1,5 @@
 """Code tasks: the `code_tests` reward (the completion's code and the row's tests, run in the
-sandbox of grpolab.rewards.sandbox) and HumanEval as prompt items.
+sandbox of grpolab.sandbox.sandbox) and HumanEval as prompt items.
 
 Metadata keys of a row (a row with neither `tests` nor `test` gets None: the reward abstains):
 - `tests`: Python source run after the code, e.g. `assert add(2, 3) == 5` (a str, or a list of str
@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from grpolab.data.arith import PromptItem
-from grpolab.rewards.sandbox import SandboxResult, check_limits, run_sandboxed, sandbox_info
+from grpolab.sandbox.sandbox import SandboxResult, check_limits, run_sandboxed, sandbox_info
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _PYTHON_TAGS = {"python", "py", "python3"}
@@ -93,7 +93,7 @@ class CodeTests:
     """1.0 when the completion's code passes the row's tests in the sandbox, else 0.0; None without tests.
 
     Rows run in a thread pool of `max_workers` threads, each row in its own sandboxed process with
-    the limits given here (see grpolab.rewards.sandbox.run_sandboxed)."""
+    the limits given here (see grpolab.sandbox.sandbox.run_sandboxed)."""
 
     name = "code_tests"
     verifier = True

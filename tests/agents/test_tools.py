@@ -145,7 +145,7 @@ def test_error_kinds_are_the_documented_ones():
 
 
 def _sandbox_works() -> bool:
-    from grpolab.rewards.sandbox import SandboxUnavailable, sandbox_info
+    from grpolab.sandbox.sandbox import SandboxUnavailable, sandbox_info
 
     try:
         sandbox_info()

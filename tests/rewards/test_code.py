@@ -10,7 +10,7 @@ import pytest
 
 from grpolab.rewards.base import build_reward, reward_names, score_batch
 from grpolab.rewards.code import CodeTests, build_program, extract_code, humaneval_items, row_tests
-from grpolab.rewards.sandbox import SandboxUnavailable
+from grpolab.sandbox.sandbox import SandboxUnavailable
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the code sandbox needs root (it switches to an unprivileged uid)")
 

@@ -66,83 +66,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
 
 from grpolab.agents.driver import EpisodeDriver
-from grpolab.agents.episode import Episode, EpisodeTensors, to_tensors
+from grpolab.agents.episode import EpisodeBatch
 from grpolab.forward.attention import autocast, use_fast_cpu_attention
 from grpolab.rollout.cache import new_decode_cache
 from grpolab.agents.coroutines import Coroutines
 from grpolab.rollout.hf import cache_kwarg
 from grpolab.rollout.sampling import greedy_tokens, sample_tokens
-from grpolab.batch import Rollout, position_ids
+from grpolab.batch import position_ids
 
 LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
 """(episode index of each decode row [B], next-token logits [B, V] float32) -> logits [B, V] to sample
 from. Called once per sampled token of every row. The recorded sampler log-probs are those of the
 processed logits (e.g. a processor that forces a token records log-prob 0 for it)."""
-
-
-class EpisodeCounters(NamedTuple):
-    """One episode's counts, for logs and stats."""
-
-    turns: int
-    """Policy turns."""
-    tool_calls: int
-    tool_errors: int
-    """Failed tool calls, all kinds together (Episode.tool_errors has them by kind)."""
-    policy_tokens: int
-    env_tokens: int
-    """Environment/tool delta ids (template text included)."""
-    stop_reason: str
-    truncated: bool
-
-
-@dataclass
-class EpisodeBatch:
-    """N = P × G episodes, grouped by item (rows g·G .. g·G+G-1 are item g's), and how they were made.
-
-    stats: the engine's counters for the call: "forwards" (model calls), "rounds" (batched turns),
-    "fed_tokens" (ids fed, padding included), "fed_real_tokens" (ids fed, padding excluded),
-    "parked_tokens" (token-columns of KV copied to park rows between turns).
-    """
-
-    episodes: list[Episode]
-    group_size: int
-    pad_id: int
-    weight_version: int = 0
-    stats: dict[str, int] = field(default_factory=dict)
-
-    def tensors(self) -> EpisodeTensors:
-        """The trainer's layout (agents.episode.to_tensors): left-padded prompts, right-padded bodies."""
-        return to_tensors(self.episodes, self.pad_id)
-
-    def rollout(self) -> Rollout:
-        """The episodes as a Rollout: completion = body (policy and environment ids), loss_mask =
-        policy_mask (environment ids are context, never trained), sampler_logp on policy ids (0
-        elsewhere), truncated = Episode.truncated. For one-turn episodes without an environment this is
-        exactly HFEngine's Rollout. The environment's rewards are not in it (see `env_rewards`)."""
-        t = self.tensors()
-        return Rollout(input_ids=t.input_ids, attention_mask=t.attention_mask, prompt_len=t.prompt_len,
-                       loss_mask=t.policy_mask, truncated=t.truncated, group_size=self.group_size,
-                       sampler_logp=t.sampler_logp, weight_version=self.weight_version)
-
-    @property
-    def counters(self) -> list[EpisodeCounters]:
-        out = []
-        for e in self.episodes:
-            policy = sum(len(s.ids) for s in e.segments if s.policy)
-            out.append(EpisodeCounters(e.turns, e.tool_calls, sum(e.tool_errors.values()), policy,
-                                       len(e.body_ids) - policy, e.stop_reason, e.truncated))
-        return out
-
-    def env_rewards(self) -> torch.Tensor:
-        """[N] float32: each episode's summed step rewards (Episode.reward), NaN where no step gave one."""
-        return torch.tensor([float("nan") if e.reward is None else e.reward for e in self.episodes],
-                            dtype=torch.float32)
 
 
 def generate_episodes(

@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from grpolab.rewards import sandbox, sandbox_procs
-from grpolab.rewards.sandbox import FALLBACK_UIDS, MODES, SANDBOX_UIDS, SandboxUnavailable, run_sandboxed, sandbox_info
+from grpolab.sandbox import procs as sandbox_procs, sandbox
+from grpolab.sandbox.sandbox import FALLBACK_UIDS, MODES, SANDBOX_UIDS, SandboxUnavailable, run_sandboxed, sandbox_info
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the code sandbox needs root (it switches to an unprivileged uid)")
 
@@ -144,7 +144,7 @@ def test_a_dead_parent_leaves_no_sandbox_behind(mode, tmp_path):
     script = tmp_path / "dies.py"
     script.write_text(textwrap.dedent(f"""\
         import os, signal, threading, time
-        from grpolab.rewards.sandbox import run_sandboxed
+        from grpolab.sandbox.sandbox import run_sandboxed
         threading.Thread(target=run_sandboxed, args=("import time\\ntime.sleep(60)",),
                          kwargs=dict(isolation={mode!r}, timeout_s=1.0), daemon=True).start()
         time.sleep(0.5)
@@ -278,7 +278,7 @@ def test_orphans_reparented_to_us_are_reaped(tmp_path):
     script = tmp_path / "subreaper.py"
     script.write_text(textwrap.dedent(f"""\
         import ctypes, os, time
-        from grpolab.rewards.sandbox import run_sandboxed
+        from grpolab.sandbox.sandbox import run_sandboxed
         assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
         run_sandboxed({FORK_BOMBS["plain"]!r}, isolation="setuid", timeout_s=1.5, memory_mb=256, max_procs=16)
         time.sleep(0.2)

@@ -1,7 +1,7 @@
-"""Builds the file system a sandboxed run sees (grpolab.rewards.sandbox, namespace mode), then drops
+"""Builds the file system a sandboxed run sees (grpolab.sandbox.sandbox, namespace mode), then drops
 to the run's uid and starts the runner.
 
-Run as a script (`python -I -B -S sandbox_setup.py CONFIG_JSON`), as root, as PID 1 of the run's
+Run as a script (`python -I -B -S setup.py CONFIG_JSON`), as root, as PID 1 of the run's
 fresh mount, PID, network and IPC namespaces (unshare --mount-proc has just mounted a /proc that
 shows only them). Mounts made here are private to the namespace: they vanish with it, files and all.
 

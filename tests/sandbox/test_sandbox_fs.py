@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from grpolab.rewards.sandbox import FALLBACK_UIDS, SANDBOX_UIDS, SandboxUnavailable, run_sandboxed, sandbox_info
+from grpolab.sandbox.sandbox import FALLBACK_UIDS, SANDBOX_UIDS, SandboxUnavailable, run_sandboxed, sandbox_info
 
 
 def _namespace_works() -> bool:

@@ -33,7 +33,7 @@ SandboxUnavailable rather than run model code as the training user.
   is up, not even loopback: every connect fails), its own PID namespace with its own /proc (only
   the run's processes are visible: not the parent, not other processes' command lines), its own
   IPC namespace (SysV shared memory and message queues die with it) and a private mount namespace,
-  in which sandbox_setup.py, as root, before switching to the sandbox uid:
+  in which setup.py, as root, before switching to the sandbox uid:
   makes every mount of the host read-only (nothing of the host's file system is writable, whatever
   its permissions) and mounts a tmpfs of `disk_quota_mb` (default 64 MB; inodes capped too) over
   /tmp, holding the run directory (/tmp/grpolab-sandbox-XXX, its cwd work/ in it) and bind-mounted
@@ -81,7 +81,7 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
-from grpolab.rewards.sandbox_procs import ACTIVE, ACTIVE_LOCK, TOKEN_VAR, kill_namespace, kill_tagged, reap_orphans, wait_unreaped
+from grpolab.sandbox.procs import ACTIVE, ACTIVE_LOCK, TOKEN_VAR, kill_namespace, kill_tagged, reap_orphans, wait_unreaped
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ FALLBACK_UIDS = range(65534, 65535)  # "nobody", where SANDBOX_UIDS are not mapp
 MODES = ("namespace", "setuid")
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 _SIGNALS = {int(s) for s in signal.Signals}
-_SETUP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_setup.py")
+_SETUP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "setup.py")
 NOT_CONTAINED = {
     "namespace": (),
     "setuid": (
@@ -271,7 +271,7 @@ def _run(
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, _read_only_file(stdin or b"") as inp:
             t0 = time.monotonic()
             with ACTIVE_LOCK:
-                cwd = work if launcher.mode == "setuid" else base  # namespace: sandbox_setup.py enters work/
+                cwd = work if launcher.mode == "setuid" else base  # namespace: setup.py enters work/
                 proc = _spawn(launcher, uid, argv, cwd=cwd, env=env, stdin=inp, stdout=out, stderr=err)
                 ACTIVE.add(proc.pid)
             returncode = None
@@ -301,7 +301,7 @@ def _prepare(base: str, uid: int, code: str, limits: dict[str, tuple[int, int]],
     """Fills the run directory: runner.py and main.py (root's, read-only) and, in setuid mode, work/
     (the sandbox uid's, its cwd). Returns (work dir as the code sees it, the argv to run).
 
-    Namespace mode runs sandbox_setup.py as root in the new namespaces: it copies runner.py and
+    Namespace mode runs setup.py as root in the new namespaces: it copies runner.py and
     main.py into the run's tmpfs, at /tmp/<basename of base>/, and makes work/ there."""
     os.chmod(base, 0o711)  # the sandbox uid may enter it but not list it
     for name, text in (("runner.py", _RUNNER), ("main.py", code)):
@@ -322,7 +322,7 @@ def _prepare(base: str, uid: int, code: str, limits: dict[str, tuple[int, int]],
 
 
 def _spawn(launcher: _Launcher, uid: int, argv: list[str], **kwargs) -> subprocess.Popen:
-    """Starts the child in a new session. The uid switch is done by sandbox_setup.py (namespace
+    """Starts the child in a new session. The uid switch is done by setup.py (namespace
     mode, after it has built the mounts) or by Popen's user/group arguments (setuid mode): no
     preexec_fn, so it is safe from threads."""
     if launcher.mode == "namespace":

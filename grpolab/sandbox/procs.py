@@ -1,4 +1,4 @@
-"""Finding, killing and reaping the processes of a sandboxed run (grpolab.rewards.sandbox), through /proc.
+"""Finding, killing and reaping the processes of a sandboxed run (grpolab.sandbox.sandbox), through /proc.
 
 A run's processes may leave its process group (setsid), fork while being killed, or linger as
 zombies; these helpers make sure none of them outlives the run.

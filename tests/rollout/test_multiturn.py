@@ -1,4 +1,4 @@
-"""grpolab.agents.multiturn: batches of agent episodes on the HF engine, turn by turn, KV cache kept across turns."""
+"""grpolab.rollout.multiturn: batches of agent episodes on the HF engine, turn by turn, KV cache kept across turns."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 
-from agents_chat import TOOLS_TEMPLATE, build_chat_tokenizer  # noqa: E402
+from grpolab.models.tiny_chat import TOOLS_TEMPLATE, build_char_chat_tokenizer as build_chat_tokenizer  # noqa: E402
 from grpolab.agents.builtin import CalculatorTask, GuessNumber  # noqa: E402
 from grpolab.agents.delta import prompt_ids, render  # noqa: E402
 from grpolab.agents.driver import EpisodeDriver  # noqa: E402
@@ -16,7 +16,7 @@ from grpolab.agents.tools import load_tools  # noqa: E402
 from grpolab.algo.logprobs import token_logprobs  # noqa: E402
 from grpolab.models.tiny import build_tiny_model  # noqa: E402
 from grpolab.rollout.hf import HFEngine  # noqa: E402
-from grpolab.agents.multiturn import generate_episodes  # noqa: E402
+from grpolab.rollout.multiturn import generate_episodes  # noqa: E402
 from grpolab.batch import position_ids  # noqa: E402
 
 

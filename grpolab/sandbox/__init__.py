@@ -1,0 +1,1 @@
+"""Running untrusted code: another uid, resource limits, no network (sandbox.py)."""

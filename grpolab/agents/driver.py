@@ -15,7 +15,9 @@ One turn: the policy samples; a turn that does not end with the end-of-turn toke
 token budget and ends the episode (truncated). Otherwise the turn's text goes to the tools when it
 holds <tool_call> blocks and tools are configured (the results are the environment's reply; no
 reward, not done), else to the environment's `step` (without an environment: the episode is done,
-its reward left to the reward functions). Done -> the episode ends; max_turns policy turns reached
+its reward left to the reward functions). An environment that raises (in its constructor, reset or
+step) or breaks the protocol ends the episode: stop_reason "env_error", the error in
+Episode.env_error (the trainer applies train.on_reward_error). Done -> the episode ends; max_turns policy turns reached
 -> ends, truncated; else the reply is appended as the template's delta (delta.py) and the next
 turn starts, unless the delta does not fit max_episode_tokens (ends, truncated). The final
 environment reply of an ending episode is not appended: nothing is generated after it.
@@ -45,8 +47,9 @@ class EpisodeDriver:
     """Drives episodes with one tokenizer, model callable, environment kind and tool set.
 
     make_environment: a zero-argument factory (`protocol.load_environment`), called once per
-    episode; None: the item's own messages (item["messages"], or item["prompt"] as one user message)
-    and tools only. tools: a ToolBox or None. max_turns: policy turns per episode. max_episode_tokens:
+    episode; None: the item's own messages (item["messages"], or item["prompt"] as one user message;
+    with a tokenizer that has no chat template and no tools, item["prompt"] is the prompt text as it
+    is, for one-turn episodes of a plain completion model) and tools only. tools: a ToolBox or None. max_turns: policy turns per episode. max_episode_tokens:
     prompt and body together. max_turn_tokens: per policy turn (None: what the episode has left).
     end_of_turn: the text of the policy's end-of-turn token (default: tokenizer.eos_token).
     """
@@ -74,9 +77,16 @@ class EpisodeDriver:
 
     def run(self, item: Any) -> Episode:
         """One episode for `item` (see the module docstring); the environment is made fresh for it."""
-        env = self.make_environment() if self.make_environment is not None else None
-        messages = self._opening(env, item)
-        ep = Episode(prompt_ids(self.tokenizer, messages, self.template_tools), messages=messages)
+        env = None
+        try:
+            env = self.make_environment() if self.make_environment is not None else None
+            messages = self._opening(env, item)
+        except Exception as e:  # noqa: BLE001 - user code: recorded, the trainer applies train.on_reward_error
+            if env is None and self.make_environment is None:
+                raise  # the item itself is unusable: not the environment's error
+            ep = Episode([self.end_id], env_error=_describe(e, type(env).__name__ if env else "environment"))
+            return ep.finish("env_error", truncated=False)
+        ep = Episode(self._prompt_ids(messages, item if env is None else None), messages=messages)
         if ep.length >= self.max_episode_tokens:
             return ep.finish("max_episode_tokens", truncated=True)
         while True:
@@ -87,6 +97,8 @@ class EpisodeDriver:
             text = self.tokenizer.decode(ids[:-1], skip_special_tokens=True)  # for the environment only
             ep.messages.append({"role": "assistant", "content": text})
             reply = self._respond(env, ep, text)
+            if reply is None:
+                return ep.finish("env_error", truncated=False)
             if reply.reward is not None:
                 ep.rewards.append((ep.turns - 1, reply.reward))
             if reply.done:
@@ -114,6 +126,14 @@ class EpisodeDriver:
             messages = with_tool_prompt(messages, self.tools.schemas)
         return messages
 
+    def _prompt_ids(self, messages: list[dict[str, Any]], item: Any) -> list[int]:
+        """The opening rendered by the chat template; a tokenizer without one takes the item's
+        "prompt" as the text itself (a plain completion model: one turn, nothing appended after it)."""
+        if getattr(self.tokenizer, "chat_template", None) is None and isinstance(item, dict) \
+                and isinstance(item.get("prompt"), str) and not self.tools:
+            return list(self.tokenizer(item["prompt"], add_special_tokens=False)["input_ids"])
+        return prompt_ids(self.tokenizer, messages, self.template_tools)
+
     def _policy_turn(self, ep: Episode, max_new_tokens: int) -> list[int]:
         """Samples one turn (at most max_new_tokens ids), records it, returns its ids."""
         ids, logps = self.generate(ep.ids, max_new_tokens)
@@ -123,8 +143,9 @@ class EpisodeDriver:
         ep.add_policy(ids, logps)
         return ids
 
-    def _respond(self, env: Environment | None, ep: Episode, text: str) -> StepResult:
-        """The reply to a policy turn: tool results when it calls tools, else the environment's step."""
+    def _respond(self, env: Environment | None, ep: Episode, text: str) -> StepResult | None:
+        """The reply to a policy turn: tool results when it calls tools, else the environment's step;
+        None when the step raised or broke the protocol (recorded in ep.env_error)."""
         calls = parse_tool_calls(text) if self.tools else []
         if calls:
             outcomes = [call_tool(self.tools, c) for c in calls]
@@ -133,4 +154,13 @@ class EpisodeDriver:
             return StepResult(tool_result_messages(outcomes, self.native_tools), None, False)
         if env is None:
             return StepResult([], None, True)
-        return as_step_result(env.step({"role": "assistant", "content": text}), type(env).__name__)
+        try:
+            return as_step_result(env.step({"role": "assistant", "content": text}), type(env).__name__)
+        except Exception as e:  # noqa: BLE001 - user code: recorded, the trainer applies train.on_reward_error
+            ep.env_error = _describe(e, type(env).__name__)
+            return None
+
+
+def _describe(error: BaseException, where: str) -> str:
+    """One line naming the environment and what it raised."""
+    return f"{where} raised {type(error).__name__}: {' '.join(str(error).split())[:300]}"

@@ -45,7 +45,8 @@ class Episode:
     turns: policy turns. tool_calls / tool_errors: calls parsed, and failed calls by kind
     (tools.ERROR_KINDS). rewards: (policy turn index from 0, reward) for each step that gave one.
     done: the environment (or, tools only, a turn without a tool call) ended it. truncated: it was
-    cut (stop_reason "max_turns", "max_turn_tokens" or "max_episode_tokens"); else stop_reason "done".
+    cut (stop_reason "max_turns", "max_turn_tokens" or "max_episode_tokens"); stop_reason "env_error":
+    the environment raised (env_error; neither done nor truncated); else stop_reason "done".
     """
 
     prompt_ids: list[int]
@@ -58,6 +59,8 @@ class Episode:
     done: bool = False
     truncated: bool = False
     stop_reason: str = ""
+    env_error: str | None = None
+    """What the environment raised (stop_reason "env_error"; the episode ends there), else None."""
 
     def add_policy(self, ids: Sequence[int], logps: Sequence[float]) -> None:
         """Appends a policy turn: its sampled ids [n] and their sampler log-probs [n]."""
@@ -72,7 +75,8 @@ class Episode:
 
     def finish(self, stop_reason: str, truncated: bool) -> "Episode":
         """Marks the end: why, and whether it was cut (then not done). Returns the episode."""
-        self.stop_reason, self.truncated, self.done = stop_reason, truncated, not truncated
+        self.stop_reason, self.truncated = stop_reason, truncated
+        self.done = not truncated and stop_reason != "env_error"
         return self
 
     @property

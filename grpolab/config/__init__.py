@@ -1,6 +1,6 @@
 """Configuration: frozen nested dataclasses, presets of the SFT-to-GRPO spectrum, YAML, overrides.
 
-One module per section (model, data, rollout, loss, train, sft, rewards, rm_refresh, run), the
+One module per section (model, data, rollout, loss, train, sft, rewards, rm_refresh, environment, run), the
 Config root with its derived sizes (config.py), the presets (presets.py), YAML and overrides
 (io.py) and validation (validation.py). Everything a caller needs is re-exported here:
 
@@ -10,6 +10,7 @@ Config root with its derived sizes (config.py), the presets (presets.py), YAML a
 
 from grpolab.config.config import Config, dump, from_preset, load
 from grpolab.config.data import DataConfig
+from grpolab.config.environment import EnvironmentConfig
 from grpolab.config.loss import LossConfig
 from grpolab.config.model import ModelConfig
 from grpolab.config.presets import PRESETS
@@ -21,5 +22,5 @@ from grpolab.config.sft import SFTConfig
 from grpolab.config.train import TrainConfig
 from grpolab.errors import ConfigError
 
-__all__ = ["Config", "ConfigError", "DataConfig", "LossConfig", "ModelConfig", "PRESETS", "RMRefreshConfig",
+__all__ = ["Config", "ConfigError", "DataConfig", "EnvironmentConfig", "LossConfig", "ModelConfig", "PRESETS", "RMRefreshConfig",
            "RewardSpec", "RolloutConfig", "RunConfig", "SFTConfig", "TrainConfig", "dump", "from_preset", "load"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpolab.config.data import DataConfig
+from grpolab.config.environment import EnvironmentConfig
 from grpolab.config.io import apply_overrides, dump_yaml, load_yaml, override_strings
 from grpolab.config.loss import LossConfig
 from grpolab.config.model import ModelConfig
@@ -41,6 +42,8 @@ class Config:
     rewards: tuple[RewardSpec, ...] = (RewardSpec("exact_match", 1.0), RewardSpec("refusal", 1.0))
     """Reward functions and their weights; the combined reward is their weighted sum."""
     rm_refresh: RMRefreshConfig = field(default_factory=RMRefreshConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+    """Multi-turn episodes: the environment (empty name: none)."""
     run: RunConfig = field(default_factory=RunConfig)
 
     # ---- derived sizes (never stored) ----
@@ -82,6 +85,11 @@ class Config:
     @property
     def optimizer_steps_per_step(self) -> int:
         return self.train.epochs * self.minibatches_per_epoch
+
+    @property
+    def episodes(self) -> bool:
+        """Phase A samples multi-turn episodes (an environment or tools are set), not single completions."""
+        return bool(self.environment.name or self.rollout.tools)
 
     @property
     def needs_reference(self) -> bool:

@@ -10,7 +10,9 @@ class DataConfig:
     """Where prompts come from, and the held-out split."""
 
     source: str = "builtin:arith"
-    """Prompt source: 'builtin:arith', 'jsonl:PATH', 'hf:PATH' (local datasets files) or 'rg:TASK' (reasoning-gym)."""
+    """Prompt source: 'builtin:arith', 'jsonl:PATH', 'hf:PATH' (local datasets files), 'rg:TASK' (reasoning-gym)
+    or 'builtin:seeds' (items {"seed": k} for an environment that builds its episode from a seed; held out:
+    seeds 0 .. data.eval_prompts-1, never trained on)."""
     eval_prompts: int = 256
     """Held-out prompts for evaluation (never trained on)."""
     eval_source: str = ""

@@ -10,7 +10,8 @@ class ModelConfig:
     """The policy model, and how its log-prob forwards run."""
 
     name_or_path: str = "builtin:tiny"
-    """Policy model: 'builtin:tiny' (built locally), an HF folder, a hub id 'org/name' (from the Hugging
+    """Policy model: 'builtin:tiny' (built locally; 'builtin:tiny-chat': with a character-level ChatML
+    tokenizer whose chat template renders tools, for agent runs), an HF folder, a hub id 'org/name' (from the Hugging
     Face cache, downloaded when online), a .gguf file, or 'smollm2-135m-instruct'."""
     dtype: str = "auto"
     """Compute dtype: auto (bfloat16 where the CPU or GPU computes it natively: AVX512-BF16 / AMX, or a

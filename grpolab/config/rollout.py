@@ -70,6 +70,18 @@ class RolloutConfig:
     """1 = the next step's rollout is generated (and scored) while this step learns, one weight version
     behind; the importance ratio then uses the sampler's log-probs (the behaviour policy's). Needs
     rollout.workers ≥ 1."""
+    tools: tuple[str, ...] = ()
+    """Tools the policy may call during an episode, as 'pkg.mod:fn' (typed, documented functions; see
+    grpolab/agents/tools.py). With tools or an `environment`, Phase A samples multi-turn episodes."""
+    max_turns: int = 1
+    """Episodes: the most policy turns; an episode still going after them is cut (truncated). A turn is
+    at most max_new_tokens tokens."""
+    max_episode_tokens: int = 1024
+    """Episodes: the most tokens of prompt, policy turns and environment replies together; an episode
+    that reaches it is cut (truncated)."""
+    tool_timeout_s: float = 0.0
+    """Episodes: wall-clock limit of every tool call in seconds (0 = each tool's own `timeout_s`
+    attribute, else 10 s). A call past it is killed and the model is told."""
     vllm_gpu_memory_utilization: float = 0.5
     """vllm engine: share of the GPU's memory vLLM may take (weights and KV cache)."""
     vllm_sleep: bool = True

@@ -222,7 +222,7 @@ def _check_outputs(cfg) -> None:
 
 
 def _check_rewards(cfg) -> None:
-    if not cfg.rewards and cfg.loss.policy_loss != SFT_POLICY_LOSS:
+    if not cfg.rewards and cfg.loss.policy_loss != SFT_POLICY_LOSS and not cfg.environment.name:
         raise _err("rewards: at least one reward function is needed (e.g. rewards: [{name: exact_match, weight: 1.0}])")
     names = [s.display_name for s in cfg.rewards]
     if len(set(names)) != len(names):
@@ -231,7 +231,7 @@ def _check_rewards(cfg) -> None:
 
 
 def _check_dynamic_sampling(cfg) -> None:
-    r, names = cfg.rollout, [spec.display_name for spec in cfg.rewards]
+    r, names = cfg.rollout, [spec.display_name for spec in cfg.rewards] + (["environment"] if cfg.environment.name else [])
     if r.max_generation_batches < 0:
         raise _err(f"rollout.max_generation_batches={r.max_generation_batches} must be ≥ 0 (0 = no limit)")
     if r.dynamic_sampling and r.group_size < 2:
@@ -262,6 +262,34 @@ def _check_workers(cfg) -> None:
         raise _err(f"rollout.vllm_gpu_memory_utilization={r.vllm_gpu_memory_utilization} must be in (0, 1]")
     if cfg.loss.tis_cap < 0:
         raise _err(f"loss.tis_cap={cfg.loss.tis_cap} must be ≥ 0 (0 = off; e.g. 2)")
+
+
+def _check_episodes(cfg) -> None:
+    """environment / rollout.tools / max_turns / max_episode_tokens (multi-turn episodes)."""
+    r, env = cfg.rollout, cfg.environment
+    if r.max_turns < 1:
+        raise _err(f"rollout.max_turns={r.max_turns} must be ≥ 1")
+    if r.max_episode_tokens < 2:
+        raise _err(f"rollout.max_episode_tokens={r.max_episode_tokens} must be ≥ 2")
+    if r.tool_timeout_s < 0:
+        raise _err(f"rollout.tool_timeout_s={r.tool_timeout_s} must be ≥ 0 (0 = each tool's own limit)")
+    if env.name and ":" not in env.name:
+        raise _err(f"environment.name={env.name!r}: expected 'pkg.mod:Class' (e.g. grpolab.agents.builtin:GuessNumber)")
+    bad = [t for t in r.tools if ":" not in t]
+    if bad:
+        raise _err(f"rollout.tools: {bad} must be 'pkg.mod:fn' (e.g. grpolab.agents.builtin:calculator)")
+    if env.name and "environment" in [s.display_name for s in cfg.rewards]:
+        raise _err("rewards: the name 'environment' is the environment's reward; label that reward otherwise")
+    if not cfg.episodes:
+        if env.kwargs:
+            raise _err("environment.kwargs is set but environment.name is empty: name the environment class")
+        return
+    if r.engine != "hf":
+        raise _err(f"rollout.engine={r.engine!r}: multi-turn episodes (environment / rollout.tools) sample on the hf "
+                   "engine; set rollout.engine=hf")
+    if r.compile is True:
+        raise _err("rollout.compile=true: episodes are decoded turn by turn with a dynamic KV cache, not the compiled "
+                   "static one; set rollout.compile=auto or false")
 
 
 def _check_rm_refresh(cfg) -> None:
@@ -320,5 +348,6 @@ def validate_config(cfg) -> None:
     _check_dynamic_sampling(cfg)
     _check_value_head(cfg)
     _check_workers(cfg)
+    _check_episodes(cfg)
     _check_rm_refresh(cfg)
     _check_outputs(cfg)

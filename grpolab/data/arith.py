@@ -61,6 +61,10 @@ class PromptItem:
 
     prompt: str
     meta: dict[str, Any] = field(hash=False)
+    messages: tuple[dict[str, str], ...] | None = field(default=None, hash=False, compare=False)
+    """The chat messages the prompt was rendered from (a prompt row: one user message; the system
+    prompt first when data.system_prompt set one), for agent episodes, which render them themselves;
+    None for sources without messages (builtin:arith, builtin:seeds)."""
 
 
 def target_completion(meta: dict[str, Any]) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from grpolab.data.arith import ArithTask
-from grpolab.data.stream import ArithStream, ListStream
+from grpolab.data.stream import ArithStream, ListStream, SeedStream
 
 
 def arith_task(cfg) -> ArithTask:
@@ -42,6 +42,8 @@ def prompt_stream(cfg, tokenizer):
     src = cfg.data.source
     if src == "builtin:arith":
         return ArithStream(arith_task(cfg), seed=cfg.train.seed)
+    if src == "builtin:seeds":
+        return SeedStream(seed=cfg.train.seed)
     kind, _, arg = src.partition(":")
     if kind == "jsonl":
         from grpolab.data.sources import load_jsonl
@@ -58,5 +60,5 @@ def prompt_stream(cfg, tokenizer):
 
         items = reasoning_gym_items(arg, size=10_000, seed=cfg.data.seed, **source_options(cfg, tokenizer))
     else:
-        raise ValueError(f"data.source={src!r}: expected builtin:arith, jsonl:PATH, hf:PATH or rg:TASK")
+        raise ValueError(f"data.source={src!r}: expected builtin:arith, builtin:seeds, jsonl:PATH, hf:PATH or rg:TASK")
     return ListStream(items, seed=cfg.train.seed)

@@ -48,6 +48,15 @@ class RenderOptions:
         return self.use_chat_template and self.tokenizer is not None and has_template
 
 
+def chat_messages(content: str | list[dict[str, str]], opts: RenderOptions) -> list[dict[str, str]]:
+    """The prompt as chat messages: a string as one user message; the system prompt first when
+    opts.system_prompt is set and the messages have none."""
+    messages = [{"role": "user", "content": content}] if isinstance(content, str) else list(content)
+    if opts.system_prompt is not None and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": opts.system_prompt}] + messages
+    return messages
+
+
 def render_prompt(content: str | list[dict[str, str]], opts: RenderOptions) -> str:
     """A prompt string or a list of chat messages -> the prompt text (see the module docstring).
 
@@ -57,10 +66,7 @@ def render_prompt(content: str | list[dict[str, str]], opts: RenderOptions) -> s
         if isinstance(content, str):
             return content
         raise ValueError("has chat messages but no tokenizer with a chat template was given")
-    messages = [{"role": "user", "content": content}] if isinstance(content, str) else list(content)
-    if opts.system_prompt is not None and messages[0]["role"] != "system":
-        messages = [{"role": "system", "content": opts.system_prompt}] + messages
-    return opts.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return opts.tokenizer.apply_chat_template(chat_messages(content, opts), add_generation_prompt=True, tokenize=False)
 
 
 def check_messages(messages: Any) -> list[dict[str, str]]:
@@ -109,7 +115,7 @@ def row_to_item(row: Any, where: str, opts: RenderOptions) -> PromptItem:
                 f"{where}: the prompt is {n} tokens long, more than max_prompt_tokens={opts.max_prompt_tokens}"
             )
     meta = {k: v for k, v in row.items() if k not in (pf, mf)}
-    return PromptItem(prompt=text, meta=meta)
+    return PromptItem(prompt=text, meta=meta, messages=tuple(chat_messages(content, opts)))
 
 
 def _options(**kw: Any) -> RenderOptions:

@@ -88,3 +88,32 @@ class ListStream:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
         self._order = self._perm()
+
+
+SEED_EVAL_RANGE = 1_000_000
+"""builtin:seeds: held-out items have seeds 0 .. SEED_EVAL_RANGE-1, training items seeds above."""
+
+
+class SeedStream:
+    """Items {"seed": k} for environments that build an episode from a seed (agents/builtin.py):
+    training seeds drawn with a seeded RNG from [SEED_EVAL_RANGE, 2**31), never a held-out one."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+
+    def next_batch(self, n: int) -> list[PromptItem]:
+        return [PromptItem("", {"seed": self.rng.randrange(SEED_EVAL_RANGE, 2**31)}) for _ in range(n)]
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        st = state["rng"]
+        self.rng.setstate((st[0], tuple(st[1]), st[2]))
+
+
+def held_out_seeds(n: int, start: int = 0) -> list[PromptItem]:
+    """builtin:seeds' held-out items: {"seed": start}, ..., {"seed": start + n - 1} (below SEED_EVAL_RANGE)."""
+    if start < 0 or start + n > SEED_EVAL_RANGE:
+        raise ValueError(f"held-out seeds {start}..{start + n - 1} must lie in [0, {SEED_EVAL_RANGE})")
+    return [PromptItem("", {"seed": k}) for k in range(start, start + n)]

@@ -31,6 +31,7 @@ import torch
 from grpolab.algo.advantages import zero_std_groups
 from grpolab.rollout.hf import pad_id
 from grpolab.batch import Rollout, concat_rollouts
+from grpolab.grpo.episodes import apply_env_errors, episode_rows, sample_episodes, scoring_inputs
 from grpolab.grpo.stats import StepStats, score_rollout
 
 
@@ -45,13 +46,16 @@ class Batch(NamedTuple):
     """reward name -> [N] (NaN = abstained)."""
     rewards: torch.Tensor
     """[N] weighted sum of the scores."""
+    episodes: list | None = None
+    """Agent runs: [N] each episode's counts and segments (grpo.episodes.episode_rows); None otherwise."""
 
     def groups(self, idx: list[int]) -> "Batch":
         """The groups `idx` (in that order), whole."""
         G = self.rollout.group_size
         rows = torch.tensor([g * G + j for g in idx for j in range(G)], dtype=torch.long)
+        episodes = None if self.episodes is None else [self.episodes[i] for i in rows.tolist()]
         return Batch([self.items[g] for g in idx], self.rollout.select(rows), [self.texts[i] for i in rows.tolist()],
-                     {k: v[rows] for k, v in self.scores.items()}, self.rewards[rows])
+                     {k: v[rows] for k, v in self.scores.items()}, self.rewards[rows], episodes)
 
 
 def draw_batch(s, st: StepStats) -> Batch:
@@ -73,6 +77,8 @@ def generate_batch(s, items: list, st: StepStats, in_flight=None) -> Batch:
     in_flight: their generation, already submitted to the rollout workers (rollout.overlap; this then
     runs in a background thread and leaves the progress display alone)."""
     show = s.services.progress.phase if in_flight is None else (lambda *a: None)
+    if s.data.agent is not None:
+        return episode_batch(s, items, st, in_flight, show)
     with st.timer("rollout"):
         show("rollout")
         if in_flight is not None:
@@ -85,6 +91,23 @@ def generate_batch(s, items: list, st: StepStats, in_flight=None) -> Batch:
         scores, rewards = score_rollout(s.data.rewards, items, texts, ro, s.on_reward_error, st, s.cfg.rollout.max_new_tokens,
                                         s.data.reward_pool)
     return Batch(list(items), ro, texts, scores, rewards)
+
+
+def episode_batch(s, items: list, st: StepStats, in_flight, show) -> Batch:
+    """`generate_batch` for agent runs: G episodes per item (grpo/episodes.py), scored by the
+    environment's reward and the reward functions."""
+    with st.timer("rollout"):
+        show("rollout")
+        episodes = sample_episodes(s, items, s.data.sample_gen, in_flight)
+        ro = episodes.rollout()
+    with st.timer("score"):
+        show("score")
+        decode = s.models.tokenizer.decode
+        prompts, texts, metas = scoring_inputs(episodes, decode)
+        apply_env_errors(episodes, items, metas, s.on_reward_error, st)
+        scores, rewards = score_rollout(s.data.rewards, items, texts, ro, s.on_reward_error, st, s.cfg.rollout.max_new_tokens,
+                                        s.data.reward_pool, prompts=prompts, row_meta=metas)
+    return Batch(list(items), ro, texts, scores, rewards, episode_rows(episodes, decode))
 
 
 def has_signal(batch: Batch, reward: str = "") -> torch.Tensor:
@@ -144,8 +167,9 @@ def concat_batches(parts: list[Batch], pad: int) -> Batch:
     """One Batch of the parts' groups, in order (`concat_rollouts` for the rollouts)."""
     if len(parts) == 1:
         return parts[0]
+    episodes = None if parts[0].episodes is None else [e for p in parts for e in p.episodes]
     return Batch([it for p in parts for it in p.items], concat_rollouts([p.rollout for p in parts], pad),
                  [t for p in parts for t in p.texts], {k: torch.cat([p.scores[k] for p in parts]) for k in parts[0].scores},
-                 torch.cat([p.rewards for p in parts]))
+                 torch.cat([p.rewards for p in parts]), episodes)
 
 

@@ -1,7 +1,8 @@
 """The GRPO loop: Phase A (rollout, rewards, advantages; no grad), then Phase B (learning).
 
     for step:
-        Phase A  π_old = the current policy, frozen. Sample G completions per prompt, score them
+        Phase A  π_old = the current policy, frozen. Sample G completions per prompt (agent runs: G
+                 episodes per item, environment and tool replies as untrained context), score them
                  (rollout.dynamic_sampling: DAPO's, keeping only groups whose rewards differ),
                  record log π_old (when needed), log π_ref (with a KL) and V_old (PPO's value
                  head), turn rewards (minus β·KL(π_old ‖ π_ref) with loss.kl_in_reward) into
@@ -38,7 +39,8 @@ def train(s: Setup) -> list[dict]:
         s.seed_step(step)  # sampling and shuffling streams of (seed, rank, step)
         # ---------------- Phase A: rollout. π_old is the current policy; nothing here has a grad.
         with torch.no_grad():  # this rank's groups, generated and scored (rewards: [N] weighted sum)
-            items, ro, texts, scores, rewards = draw_batch(s, st)  # with DAPO's dynamic sampling when set
+            batch = draw_batch(s, st)  # with DAPO's dynamic sampling when set; episodes in agent runs
+            ro, scores, rewards = batch.rollout, batch.scores, batch.rewards
         with torch.no_grad(), st.timer("logprob"):
             ro = record_logprobs(s, ro)  # before the advantages: a KL in the reward reads them
         with torch.no_grad(), st.timer("score"):
@@ -57,7 +59,7 @@ def train(s: Setup) -> list[dict]:
         with st.timer("sync"):  # the next rollout samples π_new (rollout workers: the weights are sent)
             s.data.engine.load_weights(step + 1, s.services.parallel.full_state(s.models.policy))
             st.sync_bytes = getattr(s.data.engine, "last_sync_bytes", 0)
-        record = StepRecord.of(ro, items, texts, scores, st.notes)
+        record = StepRecord.of(ro, batch.items, batch.texts, scores, st.notes, batch.episodes)
         record = StepRecord.merge(s.services.parallel.gather(record))  # every rank's groups, in rank order
         row = st.reduce(s.services.parallel).finish(record, s)
         if s.models.critic is not None:

@@ -19,9 +19,13 @@ from grpolab.report.metrics import MetricsLogger
 WARNINGS_FILE = "warnings.jsonl"
 
 
+_EPISODE_KEYS = ("turns", "tool_calls", "tool_errors", "stop_reason", "env_reward", "segments")
+
+
 class SamplesWriter:
-    """Writes each step's prompt groups (completions, per-reward scores, reward, advantage): a Setup
-    hook taking the step's `StepRecord` (every rank's groups, in rank order)."""
+    """Writes each step's prompt groups (completions, per-reward scores, reward, advantage; for agent
+    episodes also "episode": counts, stop reason and the token segments, grpo.episodes.episode_rows):
+    a Setup hook taking the step's `StepRecord` (every rank's groups, in rank order)."""
 
     def __init__(self, run_dir: Path, every: int):
         self.path = run_dir / "samples.jsonl"
@@ -46,6 +50,8 @@ class SamplesWriter:
                         "reward": None if rewards[i] != rewards[i] else rewards[i],
                         "advantage": adv[i], "length": lengths[i], "truncated": trunc[i],
                     })
+                    if record.episodes is not None:  # the transcript, token runs marked policy / env / prompt
+                        comps[-1]["episode"] = {k: record.episodes[i][k] for k in _EPISODE_KEYS}
                 f.write(json.dumps({"step": step, "prompt": item.prompt, "meta": _jsonable(item.meta),
                                     "completions": comps}) + "\n")
 

@@ -22,6 +22,8 @@ from grpolab.config import Config, ConfigError
 from grpolab.parallel.launch import step_seed
 from grpolab.parallel.parallel import Parallel
 from grpolab.report.progress import Progress
+from grpolab.agents.agent import Agent, AgentSpec
+from grpolab.grpo.episodes import EnvironmentReward
 from grpolab.rewards.base import probe_rewards
 from grpolab.rewards.registry import build_rewards
 from grpolab.models.policy import load_policy
@@ -157,6 +159,9 @@ class Data:
     release_sampler: bool = False
     """FSDP2 with the local HF engine and no overlap: the engine's own weight copy is freed during
     Phase B (`HFEngine.release_weights`) and refilled by the sync after it."""
+    agent: Agent | None = None
+    """Agent runs (an environment or rollout.tools): the environment and tools episodes run with;
+    None: single completions."""
 
 
 @dataclass
@@ -259,8 +264,8 @@ class Setup:
         return held if held is not None else self.data.prompts.state_dict()
 
     def close(self) -> None:
-        """Ends what the run started besides this process: the prefetch thread, Ray workers."""
-        for part in (self.data.prefetch, self.data.reward_pool, self.data.engine):
+        """Ends what the run started besides this process: the prefetch thread, Ray workers, the tool worker."""
+        for part in (self.data.prefetch, self.data.reward_pool, self.data.engine, self.data.agent):
             if hasattr(part, "close"):
                 part.close()
 
@@ -314,6 +319,10 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     place, and the rollout engine samples from a full copy that `engine.load_weights` refreshes."""
     cfg.validate()
     rewards = build_rewards(cfg)
+    spec = AgentSpec.from_config(cfg)
+    if cfg.environment.name:  # the environment's reward, weighted beside the reward functions
+        rewards.append((EnvironmentReward(), cfg.environment.reward_weight))
+    agent = spec.build() if spec.active else None  # checked before any model is loaded
     if policy is None:
         policy, tokenizer = load_policy(cfg)
     policy.train()
@@ -352,7 +361,7 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     advantage_fn = make_advantage_fn(cfg.loss.advantage, cfg.loss.std, cfg.loss.std_eps)
     release = parallel.shards_parameters and not cfg.rollout.overlap and not cfg.rollout.workers and cfg.rollout.engine == "hf"
     data = Data(prompts, engine, rewards, torch.Generator(device=device).manual_seed(cfg.train.seed), pool, prefetch,
-                release_sampler=release)
+                release_sampler=release, agent=agent)
     optim = Optimisation(forward, objective, advantage_fn, opt, sched, torch.Generator().manual_seed(cfg.train.seed + 1))
     services = Services(parallel, progress if progress is not None else Progress(cfg.train.steps, enabled=False),
                         peak_flops=cfg.run.peak_tflops * 1e12, n_params=sum(p.numel() for p in policy.parameters()),

@@ -12,12 +12,14 @@ import torch
 
 from grpolab.algo.advantages import zero_std_groups
 from grpolab.algo.metrics import correct_rows, nanmean, pair_accuracy
+from grpolab.grpo.episodes import episode_metrics
 from grpolab.rewards.base import RewardError, combine, score_batch
 from grpolab.rewards.registry import is_verifier
 
 
 def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "StepStats",
-                  max_new_tokens: int | None = None, pool=None):
+                  max_new_tokens: int | None = None, pool=None, prompts: Sequence[str] | None = None,
+                  row_meta: Sequence[dict] | None = None):
     """Scores every completion with every reward function and combines them.
 
     rewards: list of (RewardFn, weight). Returns (scores: name -> [N] (NaN = abstained),
@@ -27,14 +29,16 @@ def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "
     Each row's metadata: its prompt's meta, `truncated`, `completion_tokens` (generated tokens,
     EOS included) and, when given, `max_new_tokens` (rollout.max_new_tokens; rewards/shaping.py).
     pool: a `rewards.pool.RewardPool` scoring on Ray reward workers (None = in this process).
+    prompts: [N] the prompt of each row (default: each item's prompt). row_meta: [N] more metadata
+    per row, over the rest (agent episodes: grpo.episodes.scoring_inputs').
     """
     G = ro.group_size
-    prompts = [it.prompt for it in items for _ in range(G)]
+    prompts = list(prompts) if prompts is not None else [it.prompt for it in items for _ in range(G)]
     trunc = ro.truncated.tolist()
     lengths = ro.attention_mask[:, ro.prompt_len:].sum(-1).tolist()
     limit = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
-    metas = [{**items[i // G].meta, "truncated": trunc[i], "completion_tokens": int(lengths[i]), **limit}
-             for i in range(len(texts))]
+    metas = [{**items[i // G].meta, "truncated": trunc[i], "completion_tokens": int(lengths[i]), **limit,
+              **(row_meta[i] if row_meta is not None else {})} for i in range(len(texts))]
     scores, weights = {}, {}
     st.verifiers = [fn.name for fn, _w in rewards if is_verifier(fn)]
     st.proxies = [fn.name for fn, w in rewards if w != 0 and not is_verifier(fn)]
@@ -82,19 +86,24 @@ class StepRecord:
     advantages: torch.Tensor
     """[N]."""
     lengths: torch.Tensor
-    """[N] generated tokens (the completion part of the attention mask, whatever the loss mask kept)."""
+    """[N] generated tokens (the completion part of the attention mask, whatever the loss mask kept; for
+    episodes, the policy's tokens only)."""
     truncated: torch.Tensor
     """[N] bool."""
     group_size: int
     notes: tuple[str, ...] = ()
     """Degraded behaviour of the step (e.g. a reward that raised and was replaced), for the console."""
+    episodes: tuple[dict, ...] | None = None
+    """Agent runs: per row, the episode's counts and token segments (grpo.episodes.episode_rows); None otherwise."""
 
     @classmethod
-    def of(cls, ro, items, texts, scores: dict[str, torch.Tensor], notes=()) -> "StepRecord":
+    def of(cls, ro, items, texts, scores: dict[str, torch.Tensor], notes=(), episodes=None) -> "StepRecord":
+        """episodes: grpo.episodes.episode_rows' (agent runs; `lengths` then counts policy tokens only)."""
+        lengths = ro.attention_mask[:, ro.prompt_len:].sum(-1).cpu() if episodes is None else \
+            torch.tensor([e["policy_tokens"] for e in episodes], dtype=torch.long)
         return cls(list(items), list(texts), {k: v.detach().cpu() for k, v in scores.items()},
-                   ro.rewards.detach().cpu(), ro.advantages.detach().cpu(),
-                   ro.attention_mask[:, ro.prompt_len:].sum(-1).cpu(), ro.truncated.cpu(), ro.group_size,
-                   tuple(notes))
+                   ro.rewards.detach().cpu(), ro.advantages.detach().cpu(), lengths, ro.truncated.cpu(), ro.group_size,
+                   tuple(notes), None if episodes is None else tuple(episodes))
 
     @classmethod
     def merge(cls, records: Sequence["StepRecord"]) -> "StepRecord":
@@ -104,7 +113,8 @@ class StepRecord:
         return cls([it for r in records for it in r.items], [t for r in records for t in r.texts],
                    {k: torch.cat([r.scores[k] for r in records]) for k in first.scores},
                    *(torch.cat([getattr(r, f) for r in records]) for f in ("rewards", "advantages", "lengths", "truncated")),
-                   first.group_size, tuple(n for r in records for n in r.notes))
+                   first.group_size, tuple(n for r in records for n in r.notes),
+                   None if first.episodes is None else tuple(e for r in records for e in r.episodes))
 
 
 _SUMS = ("kl", "ratio", "clipped_low", "clipped_high", "entropy", "tokens", "mismatch")
@@ -219,5 +229,7 @@ class StepStats:
             row["time/rollout_wait_s"] = self.times["rollout_wait"]
         if self.gen_batches is not None:
             row.update({"rollout/gen_batches": self.gen_batches, "rollout/dropped_groups": self.dropped_groups})
+        if record.episodes is not None:
+            row.update(episode_metrics(record.episodes))
         row["mfu"] = s.mfu(row)
         return row

@@ -48,6 +48,12 @@ pre.prompt { background: #f6f8fa; padding: 6px; border-radius: 4px; }
 pre.comp { max-width: 640px; max-height: 16em; overflow: auto; }
 .group { border-left: 3px solid #8ab; padding-left: 10px; margin-bottom: 1.2em; }
 .meta { font-size: .8em; color: #555; margin: .2em 0; }
+.episode { max-width: 640px; max-height: 32em; overflow: auto; }
+.ep-stats { font-size: .8em; color: #555; margin-bottom: .3em; }
+.seg { border-left: 3px solid #ccc; background: #f6f8fa; padding: 2px 6px; margin: 3px 0; }
+.seg-policy { border-left-color: #2e8b57; background: #e3f4e8; }
+.seg-label { display: block; font-size: .75em; color: #555; }
+details.seg summary { cursor: pointer; }
 select { font-size: 1em; }
 """
 

@@ -2,8 +2,11 @@
 
 For each chosen step (first, a few in the middle, last) every prompt group is a table of its G
 completions with per-reward scores, combined reward, advantage, length and truncation; the
-tables sort when a column header is clicked (the script lives in html.py). All model text is
-HTML-escaped.
+tables sort when a column header is clicked (the script lives in html.py). A completion that
+holds a multi-turn agent episode shows the episode's segments in order instead of its text: policy
+segments (the sampled, trained tokens) highlighted, prompt and environment segments marked as
+context that is not trained, under a line of turns, tool calls, tool errors and stop reason. All
+model text is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -87,6 +90,54 @@ def _num_cell(v: Any, scale: float = 0.0) -> str:
     return f'<td class="num" data-v="{sort}"{_shade(v, scale)}>{text}</td>'
 
 
+def _tokens(n: int) -> str:
+    return f"{n} token{'' if n == 1 else 's'}"
+
+
+def _episode_stats(ep: dict[str, Any]) -> str:
+    """The episode's one-line summary: turns, tool calls, tool errors, stop reason, env reward."""
+    stop = escape(ep["stop_reason"])
+    if ep["stop_reason"] != "done":
+        stop = f'<span class="flag">{stop}</span>'
+    errors = f'<span class="flag">{ep["tool_errors"]}</span>' if ep["tool_errors"] else "0"
+    line = (f'turns {ep["turns"]} · tool calls {ep["tool_calls"]} · tool errors {errors}'
+            f" · stop reason {stop}")
+    if ep.get("env_reward") is not None:
+        line += f" · env reward {_fmt(ep['env_reward'])[1]}"
+    return f'<div class="ep-stats">{line}</div>'
+
+
+def render_episode(ep: dict[str, Any]) -> str:
+    """A completion's agent episode: its stats line, then every segment in order. Policy segments
+    (trained) are highlighted and numbered by turn; environment segments are labelled as context;
+    prompt segments (the opening messages, as in the group's prompt) are collapsed."""
+    parts = [_episode_stats(ep)]
+    turn = 0
+    for seg in ep["segments"]:
+        source, text = seg["source"], _clip_text(seg["text"])
+        if source == "policy":
+            turn += 1
+            parts.append(f'<div class="seg seg-policy" data-source="policy"><span class="seg-label">'
+                         f"policy · turn {turn} · {_tokens(seg['tokens'])} (trained)</span>"
+                         f"<pre>{text}</pre></div>")
+        elif source == "env":
+            parts.append(f'<div class="seg seg-env" data-source="env"><span class="seg-label">'
+                         f"environment · {_tokens(seg['tokens'])} (context, not trained)</span>"
+                         f"<pre>{text}</pre></div>")
+        else:
+            parts.append(f'<details class="seg seg-prompt" data-source="prompt"><summary class="seg-label">'
+                         f"prompt · {_tokens(seg['tokens'])} (context, not trained)</summary>"
+                         f"<pre>{text}</pre></details>")
+    return f'<div class="episode">{"".join(parts)}</div>'
+
+
+def _completion_cell(c: dict[str, Any]) -> str:
+    """The completion column: the episode when the completion has one, else its text."""
+    if "episode" in c:
+        return f"<td>{render_episode(c['episode'])}</td>"
+    return f'<td><pre class="comp">{_clip_text(c["text"])}</pre></td>'
+
+
 def _reward_names(group: dict[str, Any]) -> list[str]:
     names: list[str] = []
     for c in group["completions"]:
@@ -118,8 +169,7 @@ def render_group(group: dict[str, Any], gi: int) -> str:
             + "<th>reward</th><th>advantage</th><th>length</th><th>truncated</th></tr>")
     body = []
     for i, c in enumerate(comps):
-        cells = [f'<td class="num" data-v="{i}">{i}</td>',
-                 f'<td><pre class="comp">{_clip_text(c["text"])}</pre></td>']
+        cells = [f'<td class="num" data-v="{i}">{i}</td>', _completion_cell(c)]
         cells += [_num_cell(c.get("rewards", {}).get(n)) for n in names]
         cells += [_num_cell(c.get("reward")), _num_cell(c.get("advantage"), adv_scale),
                   _num_cell(c.get("length"))]

@@ -190,7 +190,12 @@ def validate_metrics_row(row: Any, *, reward_names: list[str] | None = None) -> 
 
 
 def validate_sample_row(row: Any) -> None:
-    """Raises ValueError naming the first bad field of one samples.jsonl row (one prompt group)."""
+    """Raises ValueError naming the first bad field of one samples.jsonl row (one prompt group).
+
+    A completion may hold an `episode` (a multi-turn agent episode): turns, tool_calls and tool_errors
+    (integers >= 0), stop_reason (a string, e.g. one of STOP_REASONS), env_reward (number or null) and
+    segments, a list of {source: one of EPISODE_SOURCES, text: string, tokens: integer >= 0}.
+    """
     def need(cond: bool, msg: str) -> None:
         if not cond:
             raise ValueError(f"samples row: {msg}")
@@ -214,3 +219,36 @@ def validate_sample_row(row: Any) -> None:
             v = c.get(field)
             need(v is None or _type_problem(field, v, "float") is None,
                  f"{where}.{field} must be a number or null, got {v!r}")
+        if "episode" in c:
+            _check_episode(c["episode"], f"{where}.episode", need)
+
+
+EPISODE_SOURCES = ("prompt", "policy", "env")
+"""Sources of an episode segment: policy tokens are sampled and trained; prompt and env are context."""
+STOP_REASONS = ("done", "max_turns", "max_turn_tokens", "max_episode_tokens", "env_error")
+"""Stop reasons an agent episode records; the validator accepts any string, later ones included."""
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _check_episode(ep: Any, where: str, need: Any) -> None:
+    """Checks the optional `episode` of one completion (a multi-turn agent episode); `where` names it
+    (e.g. "completions[2].episode") and `need(cond, msg)` raises the row's ValueError."""
+    need(isinstance(ep, dict), f"{where} must be an object")
+    for field in ("turns", "tool_calls", "tool_errors"):
+        need(_is_count(ep.get(field)), f"{where}.{field} must be an integer >= 0, got {ep.get(field)!r}")
+    need(isinstance(ep.get("stop_reason"), str), f"{where}.stop_reason must be a string, got {ep.get('stop_reason')!r}")
+    v = ep.get("env_reward")
+    need(v is None or _type_problem("env_reward", v, "float") is None,
+         f"{where}.env_reward must be a number or null, got {v!r}")
+    segments = ep.get("segments")
+    need(isinstance(segments, list), f"{where}.segments must be a list")
+    for j, seg in enumerate(segments):
+        at = f"{where}.segments[{j}]"
+        need(isinstance(seg, dict), f"{at} must be an object")
+        need(seg.get("source") in EPISODE_SOURCES,
+             f"{at}.source must be one of {', '.join(EPISODE_SOURCES)}, got {seg.get('source')!r}")
+        need(isinstance(seg.get("text"), str), f"{at}.text must be a string")
+        need(_is_count(seg.get("tokens")), f"{at}.tokens must be an integer >= 0, got {seg.get('tokens')!r}")

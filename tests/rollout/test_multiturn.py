@@ -253,18 +253,26 @@ def test_a_tool_call_reaches_the_calculator_and_its_result_is_appended(template,
     assert batch.episodes == seq  # what the sequential driver makes of the same turns
 
 
-def test_an_environment_error_is_raised_and_no_episode_thread_is_left(chat_tok, model):
+def test_an_environment_error_ends_its_episode_only_and_no_episode_thread_is_left(chat_tok, model):
     class Breaks(Countdown):
         def step(self, message):
-            if self.left == 1:
+            if self.left == 1 and self.breaks:
                 raise RuntimeError("environment broke")
             return super().step(message)
 
+        def reset(self, item):
+            self.breaks = item["turns"] == 3
+            return super().reset(item)
+
     engine = HFEngine(chat_tok, max_new_tokens=4)
     scripts = {i: ["a", "b", "c"] for i in range(4)}
-    with pytest.raises(RuntimeError, match="environment broke"):
-        generate_episodes(engine, [{"turns": 3}, {"turns": 2}], 2, make_environment=Breaks, max_turns=3,
-                          model=model, logits_processor=Force(chat_tok, scripts))
+    batch = generate_episodes(engine, [{"turns": 3}, {"turns": 1}], 2, make_environment=Breaks, max_turns=3,
+                              model=model, logits_processor=Force(chat_tok, scripts))
+    stops = [e.stop_reason for e in batch.episodes]
+    assert stops[2:] == ["done", "done"]  # the environment of the second item does not break
+    assert stops[:2] == ["env_error", "env_error"]
+    assert all("Breaks raised RuntimeError: environment broke" in e.env_error for e in batch.episodes[:2])
+    assert not any(e.done or e.truncated for e in batch.episodes[:2])
     assert not [t for t in threading.enumerate() if t.name.startswith("grpolab-episode-")]
     assert not model.training
     # an error while sampling (here: the forced script runs out) ends the waiting episodes too

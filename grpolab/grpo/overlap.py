@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from grpolab.parallel.launch import step_seed
+from grpolab.grpo.episodes import episode_item
 from grpolab.grpo.stats import StepStats
 
 
@@ -66,7 +67,11 @@ class Prefetcher:
         self.prompt_state = s.data.prompts.state_dict()
         items = s.services.parallel.shard(s.data.prompts.next_batch(s.cfg.rollout.prompts_per_step))
         gen = torch.Generator().manual_seed(step_seed(s.cfg.train.seed, s.services.parallel.rank, step, "sample"))
-        in_flight = s.data.engine.submit([it.prompt for it in items], s.cfg.rollout.group_size, generator=gen)
+        if s.data.agent is not None:  # agent episodes, run by the workers
+            in_flight = s.data.engine.submit_episodes([episode_item(it) for it in items], s.cfg.rollout.group_size,
+                                                      s.data.agent.spec, generator=gen)
+        else:
+            in_flight = s.data.engine.submit([it.prompt for it in items], s.cfg.rollout.group_size, generator=gen)
         stats = StepStats(step)
 
         def finish():

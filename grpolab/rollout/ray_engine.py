@@ -4,7 +4,9 @@ Each `RolloutWorker` actor builds the run's own engine (`rollout.engine`: hf on 
 on GPUs) on a copy of the policy it loads from the config, prepared exactly as the trainer prepares
 its own (attention, compute dtype, threads), so one worker samples what the in-process engine would.
 `RayEngine.generate` spreads whole groups over the workers (contiguous shares of the prompts, at
-most one share per worker) and concatenates their Rollouts in prompt order. Sampling streams:
+most one share per worker) and concatenates their Rollouts in prompt order; `submit_episodes` does
+the same with agent episodes (each worker loads the environment and tools itself, once, from the
+AgentSpec it is sent, and runs its share's episodes turn by turn). Sampling streams:
 worker 0 continues the caller's torch.Generator (its state travels and comes back), so one worker
 draws exactly what the in-process engine draws; worker i > 0 (and a GPU worker 0) draws from a
 seed hashed from that state (or from a draw of a GPU generator) and i.
@@ -28,11 +30,15 @@ import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from grpolab.batch import Rollout
+from grpolab.agents.episode import EpisodeBatch
+from grpolab.batch import Rollout, concat_rollouts
 from grpolab.parallel.ray_cluster import connect, require_ray
+from grpolab.rollout.hf import pad_id
+from grpolab.rollout.multiturn import generate_episodes
 
 
 class RolloutWorker:
@@ -53,19 +59,36 @@ class RolloutWorker:
         LogProbForward.from_config(cfg, dtype).prepare(self.model)  # the attention the trainer's policy uses
         self.engine = build_engine(cfg, self.model, self.tokenizer, dtype)
         self.device = device
+        self.agents: dict[str, Any] = {}
+        """Loaded agents (environment factory, tool worker) by repr(AgentSpec)."""
 
     def generate(self, prompts: list[str], group_size: int, gen_state: bytes | None, seed: int,
                  greedy: bool) -> tuple[Rollout, bytes | None]:
         """The engine's Rollout of `prompts` (CPU tensors), sampled from a generator set to `gen_state`
         on a CPU worker (else seeded with `seed`), and the generator's state after it (CPU)."""
+        gen = self._generator(gen_state, seed)
+        ro = _to_cpu(self.engine.generate(prompts, group_size, generator=gen, greedy=greedy))
+        return ro, state_bytes(gen) if self.device == "cpu" else None
+
+    def episodes(self, items: list, group_size: int, spec, gen_state: bytes | None, seed: int,
+                 greedy: bool) -> tuple[EpisodeBatch, bytes | None]:
+        """G agent episodes of each item (rollout/multiturn.py) with the agent `spec` (an AgentSpec,
+        loaded once per spec), sampled as `generate` samples; and the generator's state after it."""
+        key = repr(spec)
+        if key not in self.agents:
+            self.agents[key] = spec.build()
+        gen = self._generator(gen_state, seed)
+        batch = generate_episodes(self.engine, items, group_size, generator=gen, greedy=greedy,
+                                  **self.agents[key].driver_kwargs())
+        return batch, state_bytes(gen) if self.device == "cpu" else None
+
+    def _generator(self, gen_state: bytes | None, seed: int) -> torch.Generator:
         gen = torch.Generator(device=self.device)
-        cpu = self.device == "cpu"
-        if gen_state is not None and cpu:
+        if gen_state is not None and self.device == "cpu":
             set_state_bytes(gen, gen_state)
         else:
             gen.manual_seed(seed)
-        ro = _to_cpu(self.engine.generate(prompts, group_size, generator=gen, greedy=greedy))
-        return ro, state_bytes(gen) if cpu else None
+        return gen
 
     def load_weights(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
         """Copies `state` into the engine's model."""
@@ -114,23 +137,34 @@ def split_groups(n_prompts: int, parts: int) -> list[tuple[int, int]]:
 
 @dataclass
 class PendingRollout:
-    """A generation in flight on the workers; `result()` waits for it and returns the Rollout."""
+    """A generation in flight on the workers; `result()` waits for it and returns the Rollout
+    (episodes: the EpisodeBatch of every worker's episodes, in item order)."""
 
     refs: list
     pad_id: int
     generator: torch.Generator | None = None
-    _done: Rollout | None = field(default=None, repr=False)
+    episodes: bool = False
+    _done: Rollout | EpisodeBatch | None = field(default=None, repr=False)
 
-    def result(self) -> Rollout:
+    def result(self) -> Rollout | EpisodeBatch:
         if self._done is None:
-            from grpolab.batch import concat_rollouts
-
             outs = require_ray().get(self.refs)
             if self.generator is not None and outs[0][1] is not None:  # worker 0 continued the caller's stream
                 set_state_bytes(self.generator, outs[0][1])
-            parts = [ro for ro, _ in outs]
-            self._done = parts[0] if len(parts) == 1 else concat_rollouts(parts, self.pad_id)
+            parts = [part for part, _ in outs]
+            self._done = merge_episodes(parts) if self.episodes else \
+                parts[0] if len(parts) == 1 else concat_rollouts(parts, self.pad_id)
         return self._done
+
+
+def merge_episodes(parts: list[EpisodeBatch]) -> EpisodeBatch:
+    """The workers' EpisodeBatches as one, in order (their engine counters summed; the oldest weight version)."""
+    stats: dict[str, int] = {}
+    for p in parts:
+        for k, v in p.stats.items():
+            stats[k] = stats.get(k, 0) + v
+    return EpisodeBatch([e for p in parts for e in p.episodes], parts[0].group_size, parts[0].pad_id,
+                        min(p.weight_version for p in parts), stats)
 
 
 class RayEngine:
@@ -144,17 +178,26 @@ class RayEngine:
     def submit(self, prompts: Sequence[str], group_size: int, *, generator: torch.Generator | None = None,
                greedy: bool = False) -> PendingRollout:
         """Starts the generation of G completions per prompt on the workers; returns at once."""
-        from grpolab.rollout.hf import pad_id
+        return self._spread("generate", prompts, (group_size,), generator, greedy)
 
+    def submit_episodes(self, items: Sequence, group_size: int, spec, *, generator: torch.Generator | None = None,
+                        greedy: bool = False) -> PendingRollout:
+        """Starts G agent episodes per item (spec: an agents.agent.AgentSpec) on the workers, whole
+        groups spread as `submit` spreads prompts; returns at once. `.result()` is an EpisodeBatch."""
+        return self._spread("episodes", items, (group_size, spec), generator, greedy)
+
+    def _spread(self, method: str, inputs: Sequence, args: tuple, generator, greedy: bool) -> PendingRollout:
+        """Calls worker method `method`(share of inputs, *args, generator state or None, seed, greedy) on
+        contiguous shares of `inputs` (module docstring: sampling streams)."""
         cpu = generator is not None and generator.device.type == "cpu"
         state = state_bytes(generator) if cpu else None
         base = state if cpu else str(int(torch.randint(0, 2**62, (1,), generator=generator,
                                                          device=generator.device if generator else "cpu"))).encode()
         refs = []
-        for i, (a, b) in enumerate(split_groups(len(prompts), len(self.workers))):
-            refs.append(self.workers[i].generate.remote(list(prompts[a:b]), group_size, state if i == 0 else None,
-                                                        _hash_seed(base, i), greedy))
-        return PendingRollout(refs, pad_id(self.tokenizer), generator)
+        for i, (a, b) in enumerate(split_groups(len(inputs), len(self.workers))):
+            call = getattr(self.workers[i], method)
+            refs.append(call.remote(list(inputs[a:b]), *args, state if i == 0 else None, _hash_seed(base, i), greedy))
+        return PendingRollout(refs, pad_id(self.tokenizer), generator, episodes=method == "episodes")
 
     def generate(self, prompts: Sequence[str], group_size: int, *, generator: torch.Generator | None = None,
                  greedy: bool = False) -> Rollout:

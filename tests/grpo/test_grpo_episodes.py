@@ -182,3 +182,68 @@ def test_a_one_turn_episode_is_the_completion_run_bit_for_bit():
     assert out[0][0] == out[1][0]
     for k, v in out[0][1].items():
         assert torch.equal(v, out[1][1][k]), k
+
+
+def boom(text: str) -> str:
+    """Always raises.
+
+    Args:
+        text: Anything.
+    """
+    raise ValueError(f"cannot handle {text}")
+
+
+def nap(seconds: float) -> str:
+    """Sleeps.
+
+    Args:
+        seconds: How long.
+    """
+    import time
+
+    time.sleep(seconds)
+    return "awake"
+
+
+def test_tool_errors_reach_the_model_and_are_counted():
+    """A raising tool, a call past its time limit and a malformed call: each comes back to the model as
+    an error message in the next environment turn, and the step's metrics count them."""
+    from grpolab.agents.driver import EpisodeDriver
+    from grpolab.agents.tools import load_tools
+    from grpolab.grpo.episodes import episode_metrics, episode_rows
+    from grpolab.agents.episode import EpisodeBatch
+
+    tok = build_char_chat_tokenizer(TOOLS_TEMPLATE)
+    turns = ['<tool_call>{"name": "boom", "arguments": {"text": "x"}}</tool_call>',
+             '<tool_call>{"name": "nap", "arguments": {"seconds": 30}}</tool_call>',
+             '<tool_call>{"name": "nap", "arguments": </tool_call>', "done"]
+
+    def script(ids, max_new_tokens):
+        out = tok.encode(turns.pop(0), add_special_tokens=False) + [tok.eos_token_id]
+        return out, [0.0] * len(out)
+
+    with load_tools(["test_grpo_episodes:boom", "test_grpo_episodes:nap"], timeout_s=1.0) as box:
+        ep = EpisodeDriver(tok, script, tools=box, max_turns=5, max_episode_tokens=4000).run(
+            {"messages": [{"role": "user", "content": "go"}]})
+    env_texts = [tok.decode(list(s.ids)) for s in ep.segments if not s.policy]
+    assert "boom raised ValueError: cannot handle x" in env_texts[0]
+    assert "nap timed out after 1 s" in env_texts[1]
+    assert "malformed tool call" in env_texts[2]
+    assert (ep.turns, ep.tool_calls, dict(ep.tool_errors)) == (4, 3, {"raised": 1, "timeout": 1, "malformed": 1})
+    assert ep.stop_reason == "done"
+    rows = episode_rows(EpisodeBatch([ep], 1, tok.pad_token_id), tok.decode)
+    metrics = episode_metrics(rows)
+    assert (metrics["episode/tool_calls"], metrics["episode/tool_errors"], metrics["episode/turns"]) == (3, 3, 4)
+    assert [s["source"] for s in rows[0]["segments"]] == ["prompt"] + ["policy", "env"] * 3 + ["policy"]
+
+
+def test_dynamic_sampling_keeps_episode_groups_whose_rewards_differ():
+    s = _setup(_cfg("rollout.dynamic_sampling=true", "rollout.max_generation_batches=3", "train.steps=1"))
+    records = []
+    s.services.hooks.append(lambda step, row, record: records.append((row, record)))
+    grpo.train(s)
+    s.close()
+    row, record = records[0]
+    assert 1 <= row["rollout/gen_batches"] <= 3 and len(record.episodes) == 16
+    spread = record.rewards.view(-1, 4).std(-1) > 0
+    assert bool(spread.all()) or row["rollout/gen_batches"] == 3

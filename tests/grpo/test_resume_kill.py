@@ -32,12 +32,17 @@ OVERRIDES = [
     "loss.entropy_coef=0.01",  # a gradient even when every group's rewards are equal
     "run.checkpoint_every=1", "run.keep_checkpoints=2", "run.progress=false", "run.tensorboard=false",
 ]
+AGENT = [  # multi-turn episodes: the tiny chat model guessing a number, replies appended as context
+    "model.name_or_path=builtin:tiny-chat", "environment.name=grpolab.agents.builtin:GuessNumber",
+    "environment.kwargs={n: 9, max_turns: 3}", "data.source=builtin:seeds", "rewards=[]",
+    "rollout.max_turns=3", "rollout.max_new_tokens=3",
+]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
        "TOKENIZERS_PARALLELISM": "false"}
 
 
-def _start(out: Path, log: Path, resume: bool) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "grpolab.cli", "train", "grpo", *OVERRIDES, f"run.out_dir={out}"]
+def _start(out: Path, log: Path, resume: bool, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "grpolab.cli", "train", "grpo", *OVERRIDES, *extra, f"run.out_dir={out}"]
     return subprocess.Popen(cmd + (["--resume"] if resume else []), cwd=out.parent, env=ENV,
                             stdout=log.open("a"), stderr=subprocess.STDOUT)
 
@@ -64,10 +69,11 @@ def _rows(run: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(TIMING_KEYS)} for r in rows]
 
 
-def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("extra", [(), tuple(AGENT)], ids=["completions", "episodes"])
+def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_path, extra):
     ref_dir, run_dir = tmp_path / "reference", tmp_path / "killed"
     ref_log, run_log = tmp_path / "reference.log", tmp_path / "killed.log"
-    ref = _start(ref_dir, ref_log, resume=False)  # runs alongside the killed chain
+    ref = _start(ref_dir, ref_log, resume=False, extra=extra)  # runs alongside the killed chain
 
     rng = random.Random(1234)
     # metrics lines to wait for before each kill; at least 2 steps remain, so the kill (≤ 0.4 s
@@ -76,7 +82,7 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
     tried = []
     for i, k in enumerate(marks):
         delay = rng.uniform(0.0, 0.4)
-        proc = _start(run_dir, run_log, resume=i > 0)
+        proc = _start(run_dir, run_log, resume=i > 0, extra=extra)
         _wait(proc, run_log, until=lambda k=k: _complete_lines(run_dir / "metrics.jsonl") >= k)
         assert proc.poll() is None, f"the run ended before kill point {k}:\n{run_log.read_text()[-3000:]}"
         time.sleep(delay)
@@ -86,7 +92,7 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
         tried.append((k, round(delay, 2)))
     print(f"\n{len(tried)} SIGKILL points tried (metrics lines written, extra delay in s): {tried}")
 
-    final = _start(run_dir, run_log, resume=True)
+    final = _start(run_dir, run_log, resume=True, extra=extra)
     _wait(final, run_log)
     _wait(ref, ref_log)
     assert final.returncode == 0, run_log.read_text()[-3000:]

@@ -37,13 +37,16 @@ class PerRankNormalizer(Parallel):
 
 
 def _rollout() -> Rollout:
-    """A fixed rollout whose two halves carry different token counts (so a per-rank normalizer differs)."""
+    """A fixed rollout whose two halves carry different token counts (so a per-rank normalizer differs).
+    Rows 0, 3 and 6 are agent episodes: an environment token (real, not trained) between policy tokens."""
     g = torch.Generator().manual_seed(0)
     lengths = torch.tensor([6, 1, 2, 6, 3, 3, 6, 5])
-    loss_mask = torch.arange(LC)[None, :] < lengths[:, None]
+    real = torch.arange(LC)[None, :] < lengths[:, None]
+    loss_mask = real.clone()
+    loss_mask[[0, 3, 6], 2] = False  # the environment's tokens: context only
     prompts = torch.randint(3, 20, (N // G, LP), generator=g).repeat_interleave(G, 0)
     ids = torch.cat([prompts, torch.randint(3, 20, (N, LC), generator=g)], 1)
-    return Rollout(input_ids=ids, attention_mask=torch.cat([torch.ones(N, LP, dtype=torch.bool), loss_mask], 1),
+    return Rollout(input_ids=ids, attention_mask=torch.cat([torch.ones(N, LP, dtype=torch.bool), real], 1),
                    prompt_len=LP, loss_mask=loss_mask, truncated=torch.zeros(N, dtype=torch.bool), group_size=G,
                    ref_logp=-torch.rand(N, LC, generator=g, dtype=torch.float64) * loss_mask,
                    advantages=torch.randn(N, generator=g, dtype=torch.float64))

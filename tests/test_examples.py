@@ -66,7 +66,7 @@ def test_example_runs_a_step(path, tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     assert cli.main(["train", str(path), *SMALL, f"run.out_dir={run}"]) == 0
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
-    if cfg.data.eval_source:
+    if cfg.data.eval_source or cfg.data.source == "builtin:seeds":  # held-out prompts, or held-out seeds
         capsys.readouterr()
         assert cli.main(["eval", str(run), str(path), "data.eval_prompts=4", "rollout.max_new_tokens=8"]) == 0
         assert json.loads(capsys.readouterr().out)["prompts"] == 4

@@ -90,3 +90,15 @@ class Agent:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def episode_item(item: Any) -> dict[str, Any]:
+    """The item an episode starts from: the data row's fields (PromptItem.meta), and the prompt's
+    chat messages when the source has them, else its text as "prompt" (they open the episode when
+    there is no environment)."""
+    out = dict(item.meta)
+    if getattr(item, "messages", None) is not None:
+        out.setdefault("messages", [dict(m) for m in item.messages])
+    elif getattr(item, "prompt", ""):
+        out.setdefault("prompt", item.prompt)
+    return out

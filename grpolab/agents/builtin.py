@@ -96,8 +96,7 @@ class CalculatorTask:
             rng = _rng(item)
             a, b = (rng.randrange(10 ** (self.digits - 1), 10**self.digits) for _ in range(2))
         self.operands, self.answer = (a, b), a * b
-        return [{"role": "user", "content": f"What is {a} * {b}? Use the calculator tool, then reply with "
-                                            "the final answer as a number."}]
+        return [{"role": "user", "content": f"What is {a} * {b}?"}]
 
     def step(self, message: dict[str, str]) -> tuple[list[dict[str, str]], float, bool]:
         correct = last_integer(message["content"]) == self.answer
@@ -126,9 +125,8 @@ class GuessNumber:
         else:
             self.secret = _rng(item).randint(1, self.n)
         self.guesses = 0
-        return [{"role": "user", "content": f"I am thinking of a number between 1 and {self.n}. Guess it: reply with "
-                                            f"a number; I will say higher, lower or correct. You have {self.max_turns} "
-                                            "guesses."}]
+        return [{"role": "user", "content": f"Guess my number between 1 and {self.n}: I say higher, lower or correct. "
+                                            f"{self.max_turns} guesses."}]
 
     def step(self, message: dict[str, str]) -> tuple[list[dict[str, str]], float | None, bool]:
         self.guesses += 1

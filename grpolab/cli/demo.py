@@ -10,6 +10,9 @@ from grpolab.cli.common import OVERWRITE_HELP
 def add_parser(subparsers) -> argparse.ArgumentParser:
     d = subparsers.add_parser("demo", help="build a tiny model, SFT it, GRPO it, evaluate (offline, CPU)")
     d.add_argument("--quick", action="store_true", help="a shorter run (about 3 minutes)")
+    d.add_argument("--agent", action="store_true",
+                   help="the agent demo: a tiny chat model SFT'd on tool-use transcripts, then GRPO on multi-turn "
+                        "episodes of a calculator-tool task and a guess-the-number environment")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default="", help="run directory (default: a new folder under runs/)")
     d.add_argument("--no-report", action="store_true", help="skip report.html")
@@ -32,12 +35,21 @@ def run(args) -> int:
     from grpolab.config import ConfigError
     from grpolab.parallel.launch import apply_threads
 
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the demo in --out and --overwrite moves it aside: choose one")
+    if args.agent:
+        from grpolab.app.demo_agent import run_agent_demo
+
+        if args.rewards != "rules":
+            raise ConfigError("--rewards rm is the single-answer demo's; the agent demo's rewards are its environments'")
+        run_agent_demo(args.seed, args.quick, args.out, args.overrides, report=not args.no_report, resume=args.resume,
+                       overwrite=args.overwrite)
+        return 0
+
     cfg = apply_threads(demo_config(quick=args.quick, seed=args.seed, overrides=args.overrides, rewards=args.rewards,
                                     accuracy_rm=args.accuracy_rm))
     if args.out:
         cfg = cfg.replace(**{"run.out_dir": args.out})
-    if args.resume and args.overwrite:
-        raise ConfigError("--resume continues the demo in --out and --overwrite moves it aside: choose one")
     run_demo(cfg, report=not args.no_report, rewards=args.rewards, overwrite=args.overwrite,
              rm_options={"accuracy": args.accuracy_rm} if args.rewards == "rm" else None, resume=args.resume)
     return 0

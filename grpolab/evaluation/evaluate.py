@@ -110,7 +110,7 @@ def evaluate_model(model_path, cfg, samples: int = 0, best_of: int = 0) -> dict:
 def evaluate_policy(model, tokenizer, cfg, samples: int = 0, items=None, best_of: int = 0) -> dict:
     """A policy on cfg's held-out prompts (`eval_items`, or `items`), scored by cfg's rewards
     (`evaluate_task`), generating as training does (rollout.* sampling, model.dtype compute dtype,
-    sampling seeded by train.seed); for the built-in task's own split also its refusal metrics
+    sampling seeded by train.seed; an agent run: `evaluate_episodes`); for the built-in task's own split also its refusal metrics
     (`evaluate_arith`, under "arith"). best_of = n > 0: also greedy vs best-of-n by the model's own
     sequence likelihood (`evaluation.best_of_n.best_of_n_eval`, under "best_of_n"). What `grpolab eval`, the
     demo and bench/real_model.py report."""
@@ -121,6 +121,8 @@ def evaluate_policy(model, tokenizer, cfg, samples: int = 0, items=None, best_of
     r = cfg.rollout
     engine = HFEngine(tokenizer, r.max_new_tokens, r.temperature, r.top_p, r.top_k,
                       compute_dtype=resolve_compute_dtype(cfg.model.dtype, cfg.model.device))
+    if cfg.episodes:
+        return evaluate_episodes(model, engine, items, cfg, samples)
     gen = torch.Generator(device=cfg.model.device).manual_seed(cfg.train.seed)
     rewards = build_rewards(cfg)
     res = evaluate_task(model, engine, items, rewards, samples=samples, generator=gen)
@@ -132,6 +134,22 @@ def evaluate_policy(model, tokenizer, cfg, samples: int = 0, items=None, best_of
 
         res["best_of_n"] = best_of_n_eval(model, engine, items, rewards, best_of, gen, arith=arith)
     return res
+
+
+def evaluate_episodes(model, engine: HFEngine, items, cfg, samples: int = 0) -> dict:
+    """An agent run's held-out evaluation (cfg.episodes: an environment or tools): the episodes of
+    `items` under cfg's environment, tools and limits, greedy, and with samples = k > 0 also k sampled
+    episodes per item (seeded by train.seed); `evaluation.episodes.evaluate_agent`'s metrics each."""
+    from grpolab.agents.agent import AgentSpec, episode_item
+    from grpolab.evaluation.episodes import evaluate_agent
+
+    rows = [episode_item(it) for it in items]
+    with AgentSpec.from_config(cfg).build() as agent:
+        out = {"prompts": len(rows), "greedy": evaluate_agent(engine, agent, rows, model=model)}
+        if samples > 0:
+            out["sampled"] = {"samples": samples, **evaluate_agent(engine, agent, rows, model=model, greedy=False,
+                                                                    seed=cfg.train.seed, samples_per_item=samples)}
+    return out
 
 
 def format_eval(res: dict) -> str:

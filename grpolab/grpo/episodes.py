@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from grpolab.agents.agent import episode_item
 from grpolab.agents.episode import Episode, EpisodeBatch
 from grpolab.rewards.base import RewardError
 
@@ -38,18 +39,6 @@ class EnvironmentReward:
     def __call__(self, prompts: Sequence[str], completions: Sequence[str],
                  metadata: Sequence[dict[str, Any]]) -> list[float | None]:
         return [m.get("env_reward") for m in metadata]
-
-
-def episode_item(item: Any) -> dict[str, Any]:
-    """The item an episode starts from: the data row's fields (PromptItem.meta), and the prompt's
-    chat messages when the source has them, else its text as "prompt" (they open the episode when
-    there is no environment)."""
-    out = dict(item.meta)
-    if getattr(item, "messages", None) is not None:
-        out.setdefault("messages", [dict(m) for m in item.messages])
-    elif getattr(item, "prompt", ""):
-        out.setdefault("prompt", item.prompt)
-    return out
 
 
 def sample_episodes(s, items: Sequence[Any], generator, in_flight=None) -> EpisodeBatch:

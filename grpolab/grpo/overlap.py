@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from grpolab.parallel.launch import step_seed
-from grpolab.grpo.episodes import episode_item
+from grpolab.agents.agent import episode_item
 from grpolab.grpo.stats import StepStats
 
 

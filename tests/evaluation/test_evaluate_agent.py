@@ -1,0 +1,99 @@
+"""grpolab.evaluation.episodes: an agent's held-out metrics, counted on forced (scripted) episodes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpolab.agents.agent import AgentSpec
+from grpolab.agents.builtin import CalculatorTask
+from grpolab.agents.episode import Episode
+from grpolab.evaluation.episodes import episode_metrics, evaluate_agent, run_agent_episodes
+from grpolab.models.tiny import build_tiny_model
+from grpolab.models.tiny_chat import TOOLS_TEMPLATE, build_char_chat_tokenizer
+from grpolab.rollout.hf import HFEngine
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_chat_tokenizer(TOOLS_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, max_positions=2048, seed=0).eval()
+
+
+class Force:
+    """Forces each episode's scripted turns (text, then <|im_end|>), one id per call; episode index -> turns."""
+
+    def __init__(self, tok, scripts):
+        eos = tok.eos_token_id
+        self.queue = {i: [x for turn in turns for x in tok.encode(turn, add_special_tokens=False) + [eos]]
+                      for i, turns in scripts.items()}
+
+    def __call__(self, rows, logits):
+        out = torch.full_like(logits, float("-inf"))
+        for r, i in enumerate(rows):
+            out[r, self.queue[i].pop(0)] = 0.0
+        return out
+
+
+def _call(name, key, value):
+    return f'<tool_call>{{"name": "{name}", "arguments": {{"{key}": "{value}"}}}}</tool_call>'
+
+
+def test_calculator_counts(tok, model):
+    items = [{"seed": s} for s in range(6)]
+    ops = []
+    for it in items:
+        env = CalculatorTask(digits=3)
+        env.reset(it)
+        ops.append(env.operands)
+    good = [_call("calculator", "expression", f"{a} * {b}") for a, b in ops]
+    product = [str(a * b) for a, b in ops]
+    scripts = {
+        0: [good[0], product[0]],                                   # solved in 2 turns, 1 good call
+        1: ["42"],                                                  # a wrong answer at once
+        2: ['<tool_call>{"name": "calc"}</tool_call>', "1"],        # malformed call, wrong answer
+        3: [_call("calc", "expression", "1"), product[3]],          # unknown tool, then the right answer
+        4: [good[4], _call("calculator", "expr", "1"), product[4]],  # good call, bad arguments, solved in 3
+        5: ["x" * 200],                                             # cut by max_turn_tokens
+    }
+    spec = AgentSpec(environment="grpolab.agents.builtin:CalculatorTask", environment_kwargs={"digits": 3},
+                     tools=("grpolab.agents.builtin:calculator",), max_turns=3, max_episode_tokens=1024,
+                     max_turn_tokens=120)
+    engine = HFEngine(tok, max_new_tokens=8)
+    with spec.build() as agent:  # batch_items=4: two generate_episodes calls, episode indices continue
+        m = evaluate_agent(engine, agent, items, model=model, batch_items=4, logits_processor=Force(tok, scripts))
+    assert m["episodes"] == 6
+    assert m["solved"] == m["accuracy"] == m["reward/mean"] == 0.5
+    assert m["turns/mean"] == pytest.approx(11 / 6) and m["turns_to_solve/mean"] == pytest.approx(7 / 3)
+    assert (m["tool_calls/count"], m["tool_calls/mean"], m["tool_use/frac"]) == (5, 5 / 6, 4 / 6)
+    assert m["tool_calls/well_formed"] == pytest.approx(2 / 5)
+    assert (m["tool_errors/malformed"], m["tool_errors/unknown_tool"], m["tool_errors/bad_arguments"]) == (1, 1, 1)
+    assert m["truncated/frac"] == pytest.approx(1 / 6) and m["env_error/frac"] == 0.0
+
+
+def test_guess_number_sampled_groups(tok, model):
+    spec = AgentSpec(environment="grpolab.agents.builtin:GuessNumber", environment_kwargs={"n": 10, "max_turns": 4},
+                     max_turns=4, max_episode_tokens=1024, max_turn_tokens=4)
+    scripts = {0: ["5", "2", "3"], 1: ["3"], 2: ["1", "2", "4", "5"], 3: ["8"]}
+    engine = HFEngine(tok, max_new_tokens=8, temperature=1.0)
+    with spec.build() as agent:
+        episodes = run_agent_episodes(engine, agent, [{"secret": 3}, {"secret": 8}], model=model, greedy=False,
+                                      seed=3, samples_per_item=2, logits_processor=Force(tok, scripts))
+    assert [e.turns for e in episodes] == [3, 1, 4, 1] and [e.reward for e in episodes] == [1.0, 1.0, 0.0, 1.0]
+    m = episode_metrics(episodes)
+    assert (m["solved"], m["turns/mean"], m["turns_to_solve/mean"]) == (0.75, 2.25, 5 / 3)
+    assert (m["tool_calls/count"], m["tool_calls/well_formed"], m["truncated/frac"]) == (0, 1.0, 0.0)
+    assert not any(k.startswith("tool_errors/") for k in m)
+
+
+def test_episodes_without_a_reward_count_as_zero_and_nothing_solved_gives_none():
+    cut = Episode([1, 2], turns=2).finish("max_turns", truncated=True)
+    failed = Episode([1, 2], turns=1, rewards=[(0, 0.0)]).finish("done", truncated=False)
+    m = episode_metrics([cut, failed])
+    assert (m["reward/mean"], m["solved"], m["turns_to_solve/mean"], m["truncated/frac"]) == (0.0, 0.0, None, 0.5)
+    with pytest.raises(ValueError):
+        episode_metrics([])

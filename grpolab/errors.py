@@ -5,3 +5,28 @@ from __future__ import annotations
 
 class ConfigError(ValueError):
     """A bad configuration value; the message names the field (and file:line when known)."""
+
+
+_OS_REASONS = {
+    "ENOTDIR": "a part of it is a file, not a folder",
+    "EEXIST": "it exists and is not a folder",
+    "EISDIR": "it is a folder, not a file",
+    "ENOSPC": "no space left on the device",
+    "EDQUOT": "the disk quota is exceeded",
+    "EACCES": "permission denied",
+    "EPERM": "permission denied",
+    "EROFS": "the file system is read-only",
+    "ENOENT": "it does not exist",
+    "ENAMETOOLONG": "the name is too long",
+}
+
+
+def user_path_error(e: OSError, field: str, path) -> ConfigError:
+    """An OSError about a path the user chose, as one ConfigError naming the field (or flag), the path
+    and the reason in words."""
+    import errno
+
+    name = errno.errorcode.get(e.errno or 0, "")
+    reason = _OS_REASONS.get(name) or e.strerror or str(e)
+    culprit = f" ({e.filename})" if e.filename and str(e.filename) != str(path) else ""
+    return ConfigError(f"{field}={str(path)!r}: cannot be written: {reason}{culprit}")

@@ -41,6 +41,10 @@ def train_from_cfg(cfg, overwrite: bool = False) -> int:
         raise ConfigError("--resume (run.resume=auto) needs the run folder to continue: add run.out_dir=DIR")
     par = init_parallel(cfg.model.device, cfg.train.parallel, resolve_compute_dtype(cfg.model.dtype, cfg.model.device))
     note = say if par.is_main else None
+    if cfg.run.out_dir:  # held (rank 0) before its checkpoints are read: no run prunes them meanwhile
+        from grpolab.rundir.lock import lock_folder
+
+        _on_rank0(par, lambda: str(lock_folder(cfg.run.out_dir, "run.out_dir")))
     if cfg.off_policy_steps and note is not None:
         from grpolab.app.config_reference import off_policy_note
 

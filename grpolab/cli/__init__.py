@@ -44,3 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("grpolab: interrupted", file=sys.stderr)
         return 130
+    finally:  # the command's output folders are free for the next one
+        from grpolab.rundir.lock import release_all
+
+        release_all()

@@ -19,6 +19,7 @@ measured after training; `RewardModelReward(normalize="fixed")` uses them.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -240,11 +241,13 @@ def save_reward_model(model, tokenizer, out_dir: str | Path, *, info: dict[str, 
     `pairs`, the training pairs (train_pairs.jsonl: what rm_refresh replays to continue training
     without forgetting). Written to a temporary folder, then
     renamed; an existing `out_dir` is replaced only if it is empty, a reward-model folder, or holds
-    only the run.json of the command that claimed it (kept)."""
+    only the run.json and lock file of the command that claimed it (kept: the lock file is moved into
+    the new folder, its lock still held)."""
+    from grpolab.rundir.lock import LOCK_FILE
     from grpolab.rundir.rundir import RUN_FILE
 
     out = Path(out_dir).expanduser()
-    claimed_only = out.is_dir() and {p.name for p in out.iterdir()} <= {RUN_FILE}  # `grpolab rm` claimed it
+    claimed_only = out.is_dir() and {p.name for p in out.iterdir()} <= {RUN_FILE, LOCK_FILE}  # `grpolab rm` claimed it
     if out.exists() and not claimed_only and (not out.is_dir() or not (out / RM_INFO_FILE).is_file()):
         raise FileExistsError(f"reward model output {out} exists and is not a reward-model folder; "
                               "choose another --out or remove it")
@@ -259,6 +262,8 @@ def save_reward_model(model, tokenizer, out_dir: str | Path, *, info: dict[str, 
             write_train_pairs(tmp, pairs)
         if (out / RUN_FILE).is_file():
             shutil.copy2(out / RUN_FILE, tmp / RUN_FILE)
+        if (out / LOCK_FILE).is_file():
+            os.rename(out / LOCK_FILE, tmp / LOCK_FILE)  # the same file: a lock on it stays held
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

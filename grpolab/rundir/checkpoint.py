@@ -123,8 +123,11 @@ def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
 
 def latest_checkpoint(root: str | os.PathLike, verify: bool = False, say=None) -> Path | None:
     """The newest complete checkpoint under root; with `verify` the newest whose files match their
-    SHA-256, each damaged newer one named through say(message) and skipped."""
-    for path in reversed(complete_checkpoints(root)):
+    SHA-256. Each newer step-N folder that is skipped (incomplete, a file of the wrong size, or with
+    `verify` a file whose SHA-256 does not match) is named with the reason through say(message)."""
+    root = Path(root)
+    found = [p for p in root.iterdir() if _STEP_DIR.fullmatch(p.name)] if root.is_dir() else []
+    for path in sorted(found, key=step_of, reverse=True):
         try:
             check_complete(path, verify=verify)
             return path

@@ -10,6 +10,7 @@ import pytest
 
 from grpolab import cli, config as C
 from grpolab.rundir import checkpoint as ck
+from grpolab.rundir.lock import LOCK_FILE
 from grpolab.rundir.rundir import RUN_FILE, claim, mark_finished, read_run
 from grpolab.grpo.setup import build_setup
 
@@ -43,7 +44,7 @@ def test_claim_refuses_a_run_and_overwrite_moves_it_aside(tmp_path):
     moved = [p for p in tmp_path.iterdir() if p.name.startswith("run.old-")]
     assert len(moved) == 1 and (moved[0] / "metrics.jsonl").read_text() == '{"step": 0}\n'
     assert str(moved[0]) in said[0] and read_run(moved[0])["status"] == "finished"
-    assert [p.name for p in run.iterdir()] == [RUN_FILE] and read_run(run)["command"] == "sft"
+    assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE, RUN_FILE] and read_run(run)["command"] == "sft"
 
 
 def test_no_command_overwrites_a_finished_run(tmp_path, capsys):

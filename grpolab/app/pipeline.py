@@ -39,7 +39,7 @@ from typing import Any, Callable
 import yaml
 
 from grpolab import config as C
-from grpolab.config.io import key_lines, dump_yaml, from_mapping
+from grpolab.config.io import check_duplicate_keys, key_lines, dump_yaml, from_mapping
 from grpolab.errors import ConfigError
 from grpolab.rundir.rundir import move_aside, read_run
 
@@ -145,6 +145,7 @@ def load_pipeline(path: str, overrides: list[str] | None = None) -> Pipeline:
         raise ConfigError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}:1: a pipeline file is a mapping (out_dir:, sft:, reward_models:, grpo:, eval:)")
+    check_duplicate_keys(text, path)
     lines = key_lines(text)
     for key in data:
         if key not in ("out_dir", *STAGES):

@@ -35,8 +35,6 @@ def _run(args) -> int:
     from grpolab.errors import ConfigError
     from grpolab.rundir.rundir import claim_files, record_outputs
 
-    if "=" in args.config:  # no config given: the first positional is an override
-        args.config, args.overrides = "grpo", [args.config, *args.overrides]
     cfg = load_config(args.config, args.overrides)
     if cfg.data.source != "builtin:arith":
         raise ConfigError(f"data.source={cfg.data.source!r}: grpolab data writes the built-in task (builtin:arith)")

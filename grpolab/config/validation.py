@@ -339,8 +339,25 @@ def _check_value_head(cfg) -> None:
         raise _err(f"{why} in one process only; start it without torchrun / --nproc")
 
 
+def _check_finite(node, where: str = "") -> None:
+    """Every float field (at any depth, list elements included) is a finite number: nan and ±inf pass
+    no range check (nan compares false both ways) and would surface as a model's error much later."""
+    import dataclasses
+    import math
+
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            _check_finite(getattr(node, f.name), f"{where}.{f.name}" if where else f.name)
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            _check_finite(v, f"{where}[{i}]")
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise _err(f"{where}={node}: expected a finite number")
+
+
 def validate_config(cfg) -> None:
     """Raises ConfigError naming the field and the fix for an impossible setting."""
+    _check_finite(cfg)
     _check_choices(cfg)
     _check_ranges(cfg)
     _check_sizes(cfg)

@@ -115,12 +115,13 @@ def claim(path: Path, command: str, *, resume: bool = False, overwrite: bool = F
     another process, holding another run, or holding the user's own files (ConfigError naming `field`
     and the ways out)."""
     path = lock_folder(Path(path), field)
-    if holds_run(path) or _foreign(path):
+    run = holds_run(path)
+    if run or _foreign(path):
         previous = read_run(path).get("command")
         if overwrite:
             say(f"grpolab: moved what was in {path} to {move_aside(path, field)}")
             lock_folder(path, field)
-        elif _foreign(path):
+        elif not run:
             raise _refuse_foreign(path, _foreign(path), field)
         elif not resume:
             how = "add --resume to continue it, " if command == "train" else ""

@@ -89,6 +89,7 @@ def sft_from_cfg(cfg, overwrite: bool = False) -> int:
     """`grpolab sft` of a loaded config: run directory, SFT (the built-in task's recipe, or data.source's
     pairs), final/."""
     from grpolab.data.build import arith_task
+    from grpolab.manifest import write_manifest
     from grpolab.rundir.rundir import make_run_dir, mark_finished, write_config
     from grpolab.models.policy import load_policy
     from grpolab.sft.sft import sft_builtin, train_sft
@@ -110,6 +111,7 @@ def sft_from_cfg(cfg, overwrite: bool = False) -> int:
         losses = sft_builtin(model, tok, arith_task(cfg), cfg)
     model.save_pretrained(run_dir / "final")
     tok.save_pretrained(run_dir / "final")
+    write_manifest(run_dir / "final")
     mark_finished(run_dir)
     print(f"final loss {losses[-1]:.4f}; run directory: {run_dir}")
     return 0

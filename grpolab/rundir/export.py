@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpolab import config as C
+from grpolab.manifest import check_manifest
 from grpolab.rundir import checkpoint as ck
 
 
@@ -37,6 +38,7 @@ def _weights_of(run_dir: Path, step: int | None, say=None) -> Path:
         return _checkpoint_weights(path)
     final = run_dir / "final"
     if (final / "model.safetensors").is_file():
+        check_manifest(final, "final policy")
         return final / "model.safetensors"
     latest = ck.latest_checkpoint(root, verify=True, say=say) if root.is_dir() else None
     if latest is None:

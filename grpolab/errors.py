@@ -21,12 +21,16 @@ _OS_REASONS = {
 }
 
 
+def os_reason(e: OSError) -> str:
+    """What an OSError means, in words (e.g. "no space left on the device")."""
+    import errno
+
+    return _OS_REASONS.get(errno.errorcode.get(e.errno or 0, "")) or e.strerror or str(e)
+
+
 def user_path_error(e: OSError, field: str, path) -> ConfigError:
     """An OSError about a path the user chose, as one ConfigError naming the field (or flag), the path
     and the reason in words."""
-    import errno
-
-    name = errno.errorcode.get(e.errno or 0, "")
-    reason = _OS_REASONS.get(name) or e.strerror or str(e)
+    reason = os_reason(e)
     culprit = f" ({e.filename})" if e.filename and str(e.filename) != str(path) else ""
     return ConfigError(f"{field}={str(path)!r}: cannot be written: {reason}{culprit}")

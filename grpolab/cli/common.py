@@ -25,3 +25,12 @@ def named_errors(run: Callable[[Any], int], args) -> int:
             raise
         print(f"grpolab: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk, a read-only or forbidden path: the path and the reason in words
+        if os.environ.get("GRPOLAB_DEBUG"):
+            raise
+        from grpolab.errors import os_reason
+
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"grpolab: error: {where}{os_reason(e)} (the last complete checkpoint, if any, is kept)",
+              file=sys.stderr)
+        return 2

@@ -62,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except ConfigError as e:
-        print(f"grpolab: config error: {e}", file=sys.stderr)
+        from grpolab.cli.common import on_rank0
+
+        if on_rank0():  # under torchrun every rank finds the same error: rank 0 says it
+            print(f"grpolab: config error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("grpolab: interrupted", file=sys.stderr)

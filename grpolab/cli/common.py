@@ -9,6 +9,11 @@ from typing import Any, Callable
 OVERWRITE_HELP = "when the output folder holds a run, move that run aside (DIR.old-<time>; nothing is deleted)"
 
 
+def on_rank0() -> bool:
+    """Whether this process prints input errors: rank 0 of a torchrun launch, or the only process."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def named_errors(run: Callable[[Any], int], args) -> int:
     """run(args); bad input (data, model, rewards, checkpoints) ends it with one paragraph naming the
     culprit, not a traceback (GRPOLAB_DEBUG=1 shows it); config errors go to main()."""
@@ -23,7 +28,8 @@ def named_errors(run: Callable[[Any], int], args) -> int:
     except (CheckpointError, RewardError, ValueError, FileNotFoundError, FileExistsError) as e:
         if os.environ.get("GRPOLAB_DEBUG"):
             raise
-        print(f"grpolab: error: {e}", file=sys.stderr)
+        if on_rank0():
+            print(f"grpolab: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a full disk, a read-only or forbidden path: the path and the reason in words
         if os.environ.get("GRPOLAB_DEBUG"):
@@ -31,6 +37,7 @@ def named_errors(run: Callable[[Any], int], args) -> int:
         from grpolab.errors import os_reason
 
         where = f"{e.filename}: " if e.filename else ""
-        print(f"grpolab: error: {where}{os_reason(e)} (the last complete checkpoint, if any, is kept)",
-              file=sys.stderr)
+        if on_rank0():
+            print(f"grpolab: error: {where}{os_reason(e)} (the last complete checkpoint, if any, is kept)",
+                  file=sys.stderr)
         return 2

@@ -113,6 +113,12 @@ def _check_world(cfg, world: int) -> None:
                    "started); set model.compile=false")
     if cfg.loss.policy_loss == SFT_POLICY_LOSS:
         raise _err("loss.policy_loss='sft' (grpolab sft) runs in one process; start it without torchrun / --nproc")
+    ray_workers = [f"rollout.{n}={getattr(cfg.rollout, n)}" for n in ("workers", "reward_workers")
+                   if getattr(cfg.rollout, n)]
+    if world > 1 and ray_workers and not os.environ.get("GRPOLAB_RAY_TRAINER"):
+        raise _err(f"{' and '.join(ray_workers)} start Ray actors, which ranks started by torchrun do not share "
+                   f"(each would start a cluster of its own); run `grpolab train CONFIG ... --nproc {world} --ray`, "
+                   "which places the trainer ranks and the workers on one Ray cluster, or set those to 0")
 
 
 def _check_choices(cfg) -> None:

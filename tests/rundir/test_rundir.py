@@ -24,7 +24,8 @@ def _train(run: Path, *extra: str) -> int:
 
 
 def _snapshot(run: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
+            if p.is_file() and p.name != LOCK_FILE}  # the lock file names whoever held the folder last
 
 
 def test_claim_refuses_a_run_and_overwrite_moves_it_aside(tmp_path):

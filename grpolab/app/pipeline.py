@@ -455,13 +455,15 @@ def redo_from(p: Pipeline, book: _Book, stage: str) -> None:
     book.forget_from(stage)
 
 
-def run_pipeline(p: Pipeline, redo: str = "", report: bool = True) -> dict:
+def run_pipeline(p: Pipeline, redo: str = "", report: bool = True, overwrite: bool = False) -> dict:
     """Runs the stages in order, skipping finished ones; returns the eval.json payload. Every stage's
-    input files are checked first, and the folder is held by this process (grpolab.rundir.lock)."""
-    from grpolab.rundir.lock import lock_folder
+    input files are checked first; then out_dir is claimed like a run folder (grpolab.rundir.rundir.claim:
+    held by this process, continued when it holds this pipeline's earlier run, refused when it holds the
+    user's own files or another command's run; `overwrite` moves them aside, nothing is deleted)."""
+    from grpolab.rundir.rundir import claim, mark_finished
 
     check_inputs(p)
-    lock_folder(p.out_dir, "out_dir")
+    claim(p.out_dir, "pipeline", resume=True, overwrite=overwrite, field="out_dir", say=_say)
     book = _Book(p.out_dir, stage_inputs(p))
     if redo:
         redo_from(p, book, redo)
@@ -475,6 +477,7 @@ def run_pipeline(p: Pipeline, redo: str = "", report: bool = True) -> dict:
         from grpolab.report.html import write_report
 
         _say(f"[pipeline] report: {write_report(p.grpo_dir)}")
+    mark_finished(p.out_dir)
     return payload
 
 

@@ -128,8 +128,9 @@ def claim(path: Path, command: str, *, resume: bool = False, overwrite: bool = F
             raise ConfigError(f"{field}={str(path)!r} already holds {_describe(path)}; {how}add --overwrite to move "
                               "it aside (nothing is deleted), or choose another folder")
         elif previous not in (None, command):
-            raise ConfigError(f"{field}={str(path)!r} holds {_describe(path)}, which `grpolab {command} --resume` "
-                              "cannot continue; choose another folder (or --overwrite to move it aside)")
+            again = f"grpolab {command} --resume" if command in ("train", "demo") else f"grpolab {command}"
+            raise ConfigError(f"{field}={str(path)!r} holds {_describe(path)}, which `{again}` cannot continue; "
+                              "choose another folder (or --overwrite to move it aside)")
     info = read_run(path) if resume else {}
     _write(path, {**info, "command": command, "status": "running", "started": info.get("started", _now())})
     return path

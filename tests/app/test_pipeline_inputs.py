@@ -80,3 +80,28 @@ def test_a_second_pipeline_into_a_held_folder_is_refused(folder, capsys):
         proc.kill()
         proc.wait()
     shutil.rmtree(folder / "out")
+
+
+def test_a_pipeline_never_writes_over_the_users_files(folder, capsys):
+    (folder / "out").mkdir()
+    (folder / "out" / "notes.txt").write_text("my own\n")
+    assert cli.main(["pipeline", "p.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "out_dir='out' holds files grpolab did not write (notes.txt)" in err and "--overwrite" in err
+    assert "Traceback" not in err and not (folder / "out" / "sft").exists()
+    assert (folder / "out" / "notes.txt").read_text() == "my own\n"
+    assert cli.main(["pipeline", "p.yaml", "--overwrite", "--no-report"]) == 0
+    moved, = folder.glob("out.old-*")
+    assert (moved / "notes.txt").read_text() == "my own\n" and not (folder / "out" / "notes.txt").exists()
+    capsys.readouterr()
+    assert cli.main(["pipeline", "p.yaml", "--no-report"]) == 0  # its own folder: finished stages skipped
+    assert "grpo: finished before, skipped" in capsys.readouterr().err
+
+
+def test_a_pipeline_refuses_a_folder_holding_another_commands_run(folder, capsys):
+    (folder / "out" / "final").mkdir(parents=True)
+    (folder / "out" / "run.json").write_text('{"command": "train", "status": "finished"}')
+    assert cli.main(["pipeline", "p.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "out_dir='out' holds a finished train run, which `grpolab pipeline` cannot continue" in err
+    assert sorted(p.name for p in (folder / "out").iterdir()) == [".grpolab.lock", "final", "run.json"]

@@ -35,8 +35,10 @@ def test_claim_refuses_a_run_and_overwrite_moves_it_aside(tmp_path):
     with pytest.raises(C.ConfigError, match=r"run.out_dir='.*run' already holds a running train run; add --resume.*"
                                             r"--overwrite to move it aside"):
         claim(run, "train")
-    with pytest.raises(C.ConfigError, match=r"holds a running train run, which `grpolab sft --resume` cannot"):
-        claim(run, "sft", resume=True)
+    with pytest.raises(C.ConfigError, match=r"holds a running train run, which `grpolab demo --resume` cannot"):
+        claim(run, "demo", resume=True)
+    with pytest.raises(C.ConfigError, match=r"holds a running train run, which `grpolab ablate` cannot"):
+        claim(run, "ablate", resume=True)  # a command without --resume continues its own folder by itself
     assert claim(run, "train", resume=True) == run and read_run(run)["status"] == "running"
     mark_finished(run)
     assert read_run(run)["status"] == "finished"

@@ -7,6 +7,11 @@ class ConfigError(ValueError):
     """A bad configuration value; the message names the field (and file:line when known)."""
 
 
+class WorkerLostError(RuntimeError):
+    """A worker process of the run (a Ray rollout or reward actor) died; the message names the worker,
+    why it ended when known, and how to continue (--resume from the last complete checkpoint)."""
+
+
 _OS_REASONS = {
     "ENOTDIR": "a part of it is a file, not a folder",
     "EEXIST": "it exists and is not a folder",

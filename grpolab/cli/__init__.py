@@ -62,10 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except ConfigError as e:
-        from grpolab.cli.common import on_rank0
+        from grpolab.cli.common import say_input_error
 
-        if on_rank0():  # under torchrun every rank finds the same error: rank 0 says it
-            print(f"grpolab: config error: {e}", file=sys.stderr)
+        say_input_error(f"grpolab: config error: {e}")  # under torchrun every rank finds it: said once
         return 2
     except KeyboardInterrupt:
         print("grpolab: interrupted", file=sys.stderr)

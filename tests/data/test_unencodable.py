@@ -10,7 +10,6 @@ import json
 import pytest
 
 from grpolab import cli
-from grpolab.data.sources import encode_text
 from grpolab.models.tiny import build_char_tokenizer
 
 TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "run.progress=false",
@@ -101,6 +100,8 @@ def test_chat_rows_with_the_chat_tokenizer(tmp_path):
 
 
 def test_encode_text_names_the_first_character_and_passes_what_encodes():
+    from grpolab.data.sources import encode_text
+
     tok = build_char_tokenizer()
     assert encode_text(tok, "12+7=cannot", "x") == tok("12+7=cannot", add_special_tokens=False)["input_ids"]
     with pytest.raises(ValueError, match=r"^f.jsonl:4: the prompt: .*'é' \(U\+00E9\) at position 3"):

@@ -124,8 +124,9 @@ def run_torchrun(nproc: int, argv: list[str], say=None) -> int:
 
 def _failed_ranks(error, folder: str, nproc: int, say) -> int:
     """The exit code of a failed launch (see `run_torchrun`), its message said once."""
-    messages = [open(os.path.join(folder, f), encoding="utf-8").read() for f in sorted(os.listdir(folder))
-                if f.endswith(".txt")]
+    from pathlib import Path
+
+    messages = [p.read_text(encoding="utf-8") for p in sorted(Path(folder).glob("rank-*.txt"))]
     if messages:
         for message in dict.fromkeys(messages):  # every rank finds the same error: said once
             say(message)

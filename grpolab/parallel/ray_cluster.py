@@ -60,7 +60,9 @@ def gather(refs: list, owners: list[str], what: str) -> list:
     text = " ".join(str(lost).split())
     why = re.search(r"dead because (.*?)\.(?: |$)", text)
     pid = re.search(r"\bpid: (\d+)", text)
+    if pid:
+        owner = f"{owner[:-1]}, pid {pid.group(1)})" if owner.endswith(")") else f"{owner} (pid {pid.group(1)})"
     raise WorkerLostError(
-        f"{owner}{f' (pid {pid.group(1)})' if pid else ''} died during {what}"
+        f"{owner} died during {what}"
         f"{f': {why.group(1)}' if why else ''}. The run stops here and keeps its last complete checkpoint: run "
         "the same command with --resume to continue it (its workers are started again)") from None

@@ -24,6 +24,8 @@ OUT/VARIANT-seedS/ is a normal run directory (config.yaml, metrics.jsonl, sample
 eval.json with the held-out curve; the last checkpoint is dropped, final/ holds the weights). A
 finished one is skipped when the ablation runs again with the same settings. OUT/ablate.json holds
 the table, OUT/ablate.html the curves, table and summary (grpolab.report.ablate).
+OUT is claimed like a run folder (rundir.claim): an earlier ablation there is continued, the user's files
+or another command's run refused (`overwrite` moves them aside, nothing is deleted).
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def preset_of(variant: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Ablation:
-    """What to run: variants × seeds, `steps` steps each, into `out` (absolute)."""
+    """What to run: variants × seeds, `steps` steps each, into `out` (absolute; `overwrite`: see the module)."""
 
     out: Path
     variants: tuple[str, ...]
@@ -109,6 +111,7 @@ class Ablation:
     jobs: int = 2
     threads: int = 1
     """torch threads per worker process (0 = torch's default)."""
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.jobs < 1 or not self.seeds or not self.variants:
@@ -474,8 +477,10 @@ def run_ablation(ab: Ablation, say: Callable[[str], None] = print) -> dict:
     the summary. Returns ablate.json's data (its "failed" lists runs that raised)."""
     from grpolab.report.ablate import ablation_data, format_table, jsonable, write_html
 
+    from grpolab.rundir.rundir import claim, mark_finished
+
     t0 = time.perf_counter()
-    ab.out.mkdir(parents=True, exist_ok=True)
+    claim(ab.out, "ablate", resume=True, overwrite=ab.overwrite, field="--out", say=say)
     say(f"[ablate] {len(ab.variants)} variants × {len(ab.seeds)} seeds, {ab.budget} generated completions each, "
         f"{ab.jobs} job(s); logs in {ab.out / 'logs'}")
     pi0, runs, failed, reused = execute(ab, say)
@@ -486,6 +491,8 @@ def run_ablation(ab: Ablation, say: Callable[[str], None] = print) -> dict:
     tmp.write_text(json.dumps(jsonable(data), indent=1, allow_nan=False))
     tmp.replace(ab.out / "ablate.json")
     page = write_html(ab.out, data)
+    if not failed:
+        mark_finished(ab.out)
     print(format_table(data))
     print("\n".join(data["summary"]))
     print(f"wall time {data['wall_s']:.0f} s ({len(runs) - reused} run(s) trained, {reused} reused); report: {page}")

@@ -21,9 +21,11 @@ The file:
 takes `grpolab rm`'s options (`--lm-coef` is `lm_coef`), `base: sft` (the SFT stage's model),
 `weight` and `normalize` (the reward_model reward's score normalization, default fixed). Each stage
 writes its own run directory; a finished stage is skipped when the pipeline runs again with the same
-settings (a finished stage whose settings changed is an error that names it: `--from STAGE` redoes it
-and the stages after it, moving their folders aside); an interrupted GRPO stage resumes from its
-last checkpoint, an interrupted SFT or reward-model stage starts again.
+settings and input files (their SHA-256, computed again when a file's size or mtime changed; a finished
+stage whose settings or inputs changed is an error that names them: `--from STAGE` redoes it and the
+stages after it, moving their folders aside); an interrupted GRPO stage resumes from its last checkpoint,
+an interrupted SFT or reward-model stage starts again. Every stage's input files are checked to exist
+before any stage runs.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any, Callable
 import yaml
 
 from grpolab import config as C
-from grpolab.config.io import key_lines, dump_yaml, from_mapping
+from grpolab.config.io import check_duplicate_keys, key_lines, dump_yaml, from_mapping
 from grpolab.errors import ConfigError
 from grpolab.rundir.rundir import move_aside, read_run
 
@@ -145,6 +147,7 @@ def load_pipeline(path: str, overrides: list[str] | None = None) -> Pipeline:
         raise ConfigError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}:1: a pipeline file is a mapping (out_dir:, sft:, reward_models:, grpo:, eval:)")
+    check_duplicate_keys(text, path)
     lines = key_lines(text)
     for key in data:
         if key not in ("out_dir", *STAGES):
@@ -190,29 +193,108 @@ def _fingerprint(spec: Any) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _source_path(source: str | None) -> Path | None:
+    """The local file or folder a data source reads (jsonl:PATH, hf:PATH), else None."""
+    kind, sep, rest = (source or "").partition(":")
+    return Path(rest) if sep and kind in ("jsonl", "hf") else None
+
+
+def _model_path(name: str) -> Path | None:
+    """A model given as a local folder or file (not a hub id or a built-in name)."""
+    return Path(name) if name and not name.startswith("builtin:") and Path(name).exists() else None
+
+
+def stage_inputs(p: Pipeline) -> dict[str, dict[str, Path]]:
+    """Each stage's input files and folders: {stage: {field: path}} (data files, a local model, a base)."""
+    out: dict[str, dict[str, Path]] = {}
+    if p.sft is not None:
+        out["sft"] = {"sft.data.source": _source_path(p.sft.data.source),
+                      "sft.model.name_or_path": _model_path(p.sft.model.name_or_path)}
+    for name, opts in p.reward_models.items():
+        base = opts.get("base")
+        out[f"reward_models:{name}"] = {
+            f"reward_models.{name}.data": None if str(opts["data"]).startswith("builtin:") else Path(opts["data"]),
+            f"reward_models.{name}.eval_data": Path(opts["eval_data"]) if opts.get("eval_data") else None,
+            f"reward_models.{name}.base": p.sft_dir / "final" if base == "sft" else _model_path(str(base or ""))}
+    grpo = {"grpo.data.source": _source_path(p.grpo.data.source),
+            "grpo.data.eval_source": _source_path(p.grpo.data.eval_source)}
+    grpo["grpo.model.name_or_path"] = p.sft_dir / "final" if p.sft is not None else _model_path(
+        p.grpo.model.name_or_path)
+    out["grpo"], out["eval"] = grpo, {"grpo.data.eval_source": grpo["grpo.data.eval_source"]}
+    return {stage: {k: v for k, v in files.items() if v is not None} for stage, files in out.items()}
+
+
+def check_inputs(p: Pipeline) -> None:
+    """Every stage's input files exist (those an earlier stage writes aside): one ConfigError naming the
+    field and the path before any stage runs."""
+    for stage, files in stage_inputs(p).items():
+        for field, path in files.items():
+            if not path.exists() and p.out_dir not in path.parents:
+                raise ConfigError(f"{p.source}: {field}: {str(path)!r} does not exist (every stage's inputs are "
+                                  "checked before any stage runs)")
+
+
+class _Digests:
+    """OUT/inputs.json: each input file's size, mtime and SHA-256; the hash is computed again only when
+    the size or the mtime changed."""
+
+    def __init__(self, out_dir: Path):
+        self.path = out_dir / "inputs.json"
+        try:
+            self.known = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.known = {}
+
+    def of(self, path: Path) -> str:
+        """The content digest of a file, or of a folder's files (names and contents)."""
+        from grpolab.manifest import sha256
+
+        if path.is_dir():
+            parts = [f"{f.relative_to(path)}:{self.of(f)}" for f in sorted(path.rglob("*")) if f.is_file()]
+            return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+        st = path.stat()
+        key, stamp = str(path.resolve()), [st.st_size, st.st_mtime_ns]
+        entry = self.known.get(key)
+        if entry is None or entry["stamp"] != stamp:
+            entry = self.known[key] = {"stamp": stamp, "sha256": sha256(path)}
+            self.path.write_text(json.dumps(self.known, indent=1))
+        return entry["sha256"]
+
+    def of_stage(self, files: dict[str, Path]) -> dict[str, str]:
+        return {field: self.of(path) for field, path in files.items() if path.exists()}
+
+
 class _Book:
     """OUT/stages.json: each finished stage's settings fingerprint and wall time."""
 
-    def __init__(self, out_dir: Path):
+    def __init__(self, out_dir: Path, inputs: dict[str, dict[str, Path]] | None = None):
         self.path = out_dir / STAGES_FILE
+        self.inputs, self.digests = inputs or {}, _Digests(out_dir)
         try:
             self.stages = json.loads(self.path.read_text())
         except (OSError, ValueError):
             self.stages = {}
 
-    def done(self, stage: str, spec: Any, finished: bool) -> bool:
-        """Whether `stage` finished with these settings (a ConfigError when it finished with others)."""
+    def done(self, stage: str, spec: Any, finished: bool, inputs: dict[str, str] | None = None) -> bool:
+        """Whether `stage` finished with these settings and input files (their digests); a ConfigError
+        when it finished with other settings or on input files whose content has changed since."""
         entry = self.stages.get(stage)
         if not finished or entry is None:
             return False
+        again = (f"add --from {stage.split(':')[0]} to redo it and the stages after it (their folders are moved "
+                 "aside, nothing is deleted)")
         if entry["fingerprint"] != _fingerprint(spec):
             raise ConfigError(f"pipeline stage {stage!r} finished with other settings than the file now gives; "
-                              f"add --from {stage.split(':')[0]} to redo it and the stages after it (their "
-                              "folders are moved aside, nothing is deleted)")
+                              f"{again}")
+        changed = [k for k, v in (inputs or {}).items() if entry.get("inputs", {}).get(k, v) != v]
+        if changed:
+            raise ConfigError(f"pipeline stage {stage!r} finished on other input files: {', '.join(changed)} "
+                              f"changed since; {again}")
         return True
 
-    def record(self, stage: str, spec: Any, seconds: float) -> None:
-        self.stages[stage] = {"fingerprint": _fingerprint(spec), "seconds": round(seconds, 1)}
+    def record(self, stage: str, spec: Any, seconds: float, inputs: dict[str, str] | None = None) -> None:
+        self.stages[stage] = {"fingerprint": _fingerprint(spec), "seconds": round(seconds, 1),
+                              "inputs": inputs or {}}
         self.path.write_text(json.dumps(self.stages, indent=1))
 
     def forget_from(self, stage: str) -> None:
@@ -222,7 +304,8 @@ class _Book:
 
 
 def _run_stage(book: _Book, stage: str, spec: Any, finished: bool, run: Callable[[], None]) -> None:
-    if book.done(stage, spec, finished):
+    inputs = book.digests.of_stage(book.inputs.get(stage, {}))
+    if book.done(stage, spec, finished, inputs):
         _say(f"[pipeline] {stage}: finished before, skipped")
         return
     _say(f"[pipeline] {stage}: running")
@@ -233,7 +316,7 @@ def _run_stage(book: _Book, stage: str, spec: Any, finished: bool, run: Callable
         raise ConfigError(f"pipeline stage {stage}: {e}") from None
     except (ValueError, OSError) as e:
         raise PipelineError(f"pipeline stage {stage}: {e}") from e
-    book.record(stage, spec, time.perf_counter() - t)
+    book.record(stage, spec, time.perf_counter() - t, inputs)
 
 
 def _finished(path: Path) -> bool:
@@ -372,10 +455,16 @@ def redo_from(p: Pipeline, book: _Book, stage: str) -> None:
     book.forget_from(stage)
 
 
-def run_pipeline(p: Pipeline, redo: str = "", report: bool = True) -> dict:
-    """Runs the stages in order, skipping finished ones; returns the eval.json payload."""
-    p.out_dir.mkdir(parents=True, exist_ok=True)
-    book = _Book(p.out_dir)
+def run_pipeline(p: Pipeline, redo: str = "", report: bool = True, overwrite: bool = False) -> dict:
+    """Runs the stages in order, skipping finished ones; returns the eval.json payload. Every stage's
+    input files are checked first; then out_dir is claimed like a run folder (grpolab.rundir.rundir.claim:
+    held by this process, continued when it holds this pipeline's earlier run, refused when it holds the
+    user's own files or another command's run; `overwrite` moves them aside, nothing is deleted)."""
+    from grpolab.rundir.rundir import claim, mark_finished
+
+    check_inputs(p)
+    claim(p.out_dir, "pipeline", resume=True, overwrite=overwrite, field="out_dir", say=_say)
+    book = _Book(p.out_dir, stage_inputs(p))
     if redo:
         redo_from(p, book, redo)
     if p.sft is not None:
@@ -388,6 +477,7 @@ def run_pipeline(p: Pipeline, redo: str = "", report: bool = True) -> dict:
         from grpolab.report.html import write_report
 
         _say(f"[pipeline] report: {write_report(p.grpo_dir)}")
+    mark_finished(p.out_dir)
     return payload
 
 

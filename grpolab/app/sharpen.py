@@ -60,6 +60,7 @@ def sharpen(config: str, overrides: list[str], *, n: int, out: str, prompts: int
     from grpolab.data.build import prompt_stream
     from grpolab.rewards.self_likelihood import SelfLikelihood
     from grpolab.rollout.hf import HFEngine
+    from grpolab.manifest import write_manifest
     from grpolab.rundir.rundir import claim, mark_finished, model_folder, write_config
     from grpolab.models.policy import load_policy
     from grpolab.sft.sharpen import sharpen_sft
@@ -90,6 +91,7 @@ def sharpen(config: str, overrides: list[str], *, n: int, out: str, prompts: int
     greedy1, after = _greedy_under(model, engine, scorer, items)
     model.save_pretrained(run_dir / "final")
     tok.save_pretrained(run_dir / "final")
+    write_manifest(run_dir / "final")
     _write_winners(run_dir / "winners.jsonl", items, res.best)
     summary = _summary(n, length_normalized, cfg, res, before, after, time.perf_counter() - t0)
     summary["greedy_equals_winner"] = {"pi0": _share_equal(greedy0, res.best.texts),

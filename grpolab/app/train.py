@@ -41,6 +41,10 @@ def train_from_cfg(cfg, overwrite: bool = False) -> int:
         raise ConfigError("--resume (run.resume=auto) needs the run folder to continue: add run.out_dir=DIR")
     par = init_parallel(cfg.model.device, cfg.train.parallel, resolve_compute_dtype(cfg.model.dtype, cfg.model.device))
     note = say if par.is_main else None
+    if cfg.run.out_dir:  # held (rank 0) before its checkpoints are read: no run prunes them meanwhile
+        from grpolab.rundir.lock import lock_folder
+
+        _on_rank0(par, lambda: str(lock_folder(cfg.run.out_dir, "run.out_dir")))
     if cfg.off_policy_steps and note is not None:
         from grpolab.app.config_reference import off_policy_note
 
@@ -85,6 +89,7 @@ def sft_from_cfg(cfg, overwrite: bool = False) -> int:
     """`grpolab sft` of a loaded config: run directory, SFT (the built-in task's recipe, or data.source's
     pairs), final/."""
     from grpolab.data.build import arith_task
+    from grpolab.manifest import write_manifest
     from grpolab.rundir.rundir import make_run_dir, mark_finished, write_config
     from grpolab.models.policy import load_policy
     from grpolab.sft.sft import sft_builtin, train_sft
@@ -106,6 +111,7 @@ def sft_from_cfg(cfg, overwrite: bool = False) -> int:
         losses = sft_builtin(model, tok, arith_task(cfg), cfg)
     model.save_pretrained(run_dir / "final")
     tok.save_pretrained(run_dir / "final")
+    write_manifest(run_dir / "final")
     mark_finished(run_dir)
     print(f"final loss {losses[-1]:.4f}; run directory: {run_dir}")
     return 0

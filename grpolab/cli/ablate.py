@@ -33,6 +33,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     a.add_argument("--out", default="runs/ablate", help="output folder (default runs/ablate)")
     a.add_argument("--jobs", type=int, default=2, help="runs at once, each in its own process with one torch "
                    "thread (default 2; 1 runs them in this process)")
+    a.add_argument("--overwrite", action="store_true", help="when --out holds files grpolab ablate did not write "
+                   "(or another command's run), move them aside (DIR.old-<time>; nothing is deleted)")
     a.add_argument("--quick", action="store_true", help="a short ablation: 30 steps, seeds 0,1")
     a.set_defaults(fn=run)
     return a
@@ -53,7 +55,8 @@ def ablation(args, say=print):
     seeds = _ints(args.seeds, "--seeds") or ((0, 1) if args.quick else (0, 1, 2))
     steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else DEFAULT_STEPS)
     return Ablation(out=Path(args.out).resolve(), variants=variants, seeds=seeds, steps=steps,
-                    overrides=tuple(args.overrides), jobs=args.jobs, threads=1 if args.jobs > 1 else 0)
+                    overrides=tuple(args.overrides), jobs=args.jobs, threads=1 if args.jobs > 1 else 0,
+                    overwrite=args.overwrite)
 
 
 def _ablate(args) -> int:

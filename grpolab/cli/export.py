@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from grpolab.cli.common import named_errors
+import sys
+
+from grpolab.cli.common import OVERWRITE_HELP, named_errors
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -12,6 +14,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                              "generation config)")
     x.add_argument("run_dir")
     x.add_argument("--out", required=True, help="a new folder")
+    x.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     x.add_argument("--step", type=int, default=None, help="a step checkpoint (default: the final policy)")
     x.set_defaults(fn=run)
     return x
@@ -24,5 +27,8 @@ def run(args) -> int:
 def _run(args) -> int:
     from grpolab.rundir.export import export_run
 
-    print(f"exported to {export_run(args.run_dir, args.out, args.step)}")
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr)
+
+    print(f"exported to {export_run(args.run_dir, args.out, args.step, overwrite=args.overwrite, say=say)}")
     return 0

@@ -17,6 +17,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     pl.add_argument("--from", dest="redo", default="", metavar="STAGE",
                     help="redo this stage (sft, reward_models, grpo, eval) and the ones after it; their folders "
                          "are moved aside")
+    pl.add_argument("--overwrite", action="store_true", help="when out_dir holds files grpolab pipeline did not "
+                    "write (or another command's run), move them aside (DIR.old-<time>; nothing is deleted)")
     pl.add_argument("--no-report", action="store_true", help="skip the GRPO stage's report.html")
     pl.set_defaults(fn=run)
     return pl
@@ -30,7 +32,7 @@ def _run(args) -> int:
     from grpolab.app.pipeline import format_table, load_pipeline, run_pipeline
 
     p = load_pipeline(args.config, args.overrides)
-    payload = run_pipeline(p, redo=args.redo, report=not args.no_report)
+    payload = run_pipeline(p, redo=args.redo, report=not args.no_report, overwrite=args.overwrite)
     print(format_table(payload))
     print(f"pipeline directory: {p.out_dir}")
     return 0

@@ -34,17 +34,36 @@ def run(args) -> int:
     if args.ray is not None and not os.environ.get("GRPOLAB_RAY_TRAINER"):  # the driver: ranks become actors
         return named_errors(_on_ray, args)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:  # start torchrun, which runs this command per rank
-        from grpolab.parallel.launch import strip_nproc, torchrun_command
+        from grpolab.parallel.launch import run_torchrun, strip_nproc, torchrun_command
 
-        cmd = torchrun_command(args.nproc, strip_nproc(args.argv))
-        print("grpolab: " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
-        os.execv(cmd[0], cmd)  # signals reach torchrun, which forwards them to the ranks
+        code = named_errors(_validate_for_ranks, args)  # input errors once, here, before any rank starts
+        if code:
+            return code
+        argv = strip_nproc(args.argv)
+        print("grpolab: " + " ".join(torchrun_command(args.nproc, argv)[1:]), file=sys.stderr, flush=True)
+        return run_torchrun(args.nproc, argv)  # the launcher in this process: a rank's input error said once, rc 2
     from grpolab.parallel.launch import close_parallel
 
     try:
         return named_errors(_here, args)
     finally:
         close_parallel()
+
+
+def _validate_for_ranks(args) -> int:
+    """Loads and validates the config as each of the --nproc ranks will (ConfigError naming the field)."""
+    from grpolab.app.common import load_config
+
+    saved = os.environ.get("WORLD_SIZE")
+    os.environ["WORLD_SIZE"] = str(args.nproc)
+    try:
+        load_config(args.config, args.overrides).validate()
+    finally:
+        if saved is None:
+            os.environ.pop("WORLD_SIZE", None)
+        else:
+            os.environ["WORLD_SIZE"] = saved
+    return 0
 
 
 def _here(args) -> int:

@@ -145,6 +145,30 @@ def key_lines(text: str) -> dict[str, int]:
     return out
 
 
+def check_duplicate_keys(text: str, source: str) -> None:
+    """A ConfigError naming both lines when a mapping of the YAML `text` repeats a key (YAML loaders
+    silently keep the last one)."""
+    def walk(node, prefix):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for k, v in node.value:
+                key = f"{prefix}.{k.value}" if prefix else str(k.value)
+                line = k.start_mark.line + 1
+                if k.value in seen:
+                    raise _err(f"{source}:{line}: {key}: duplicate key (first at line {seen[k.value]}); "
+                               "keep one of them")
+                seen[k.value] = line
+                walk(v, key)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                walk(v, f"{prefix}[{i}]")
+
+    try:
+        walk(yaml.compose(text), "")
+    except yaml.YAMLError:
+        pass
+
+
 def load_yaml(path: str, overrides: list[str], config_cls, presets: dict[str, dict[str, Any]]):
     """A `config_cls` from a YAML file: the file's `preset:` (default "grpo", a key of `presets`)
     gives the starting values, the file's sections replace them field by field, then `overrides`."""
@@ -161,6 +185,7 @@ def load_yaml(path: str, overrides: list[str], config_cls, presets: dict[str, di
         raise _err(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
     if not isinstance(data, dict):
         raise _err(f"{path}:1: the config must be a mapping of sections (model:, rollout:, ...)")
+    check_duplicate_keys(text, path)
     return from_mapping(data, overrides, config_cls, presets, key_lines(text), path)
 
 

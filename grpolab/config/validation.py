@@ -113,6 +113,12 @@ def _check_world(cfg, world: int) -> None:
                    "started); set model.compile=false")
     if cfg.loss.policy_loss == SFT_POLICY_LOSS:
         raise _err("loss.policy_loss='sft' (grpolab sft) runs in one process; start it without torchrun / --nproc")
+    ray_workers = [f"rollout.{n}={getattr(cfg.rollout, n)}" for n in ("workers", "reward_workers")
+                   if getattr(cfg.rollout, n)]
+    if world > 1 and ray_workers and not os.environ.get("GRPOLAB_RAY_TRAINER"):
+        raise _err(f"{' and '.join(ray_workers)} start Ray actors, which ranks started by torchrun do not share "
+                   f"(each would start a cluster of its own); run `grpolab train CONFIG ... --nproc {world} --ray`, "
+                   "which places the trainer ranks and the workers on one Ray cluster, or set those to 0")
 
 
 def _check_choices(cfg) -> None:
@@ -339,8 +345,25 @@ def _check_value_head(cfg) -> None:
         raise _err(f"{why} in one process only; start it without torchrun / --nproc")
 
 
+def _check_finite(node, where: str = "") -> None:
+    """Every float field (at any depth, list elements included) is a finite number: nan and ±inf pass
+    no range check (nan compares false both ways) and would surface as a model's error much later."""
+    import dataclasses
+    import math
+
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            _check_finite(getattr(node, f.name), f"{where}.{f.name}" if where else f.name)
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            _check_finite(v, f"{where}[{i}]")
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise _err(f"{where}={node}: expected a finite number")
+
+
 def validate_config(cfg) -> None:
     """Raises ConfigError naming the field and the fix for an impossible setting."""
+    _check_finite(cfg)
     _check_choices(cfg)
     _check_ranges(cfg)
     _check_sizes(cfg)

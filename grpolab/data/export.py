@@ -28,6 +28,9 @@ from grpolab.data.build import arith_eval_items, arith_task
 from grpolab.data.preferences import accuracy_pairs, refusal_pairs
 
 PAIR_KINDS = {"accuracy": accuracy_pairs, "refusal": refusal_pairs}
+FILE_NAMES = ("sft.jsonl", "prompts.jsonl", "heldout.jsonl", *(f"{kind}_pairs{suffix}.jsonl" for kind in PAIR_KINDS
+                                                              for suffix in ("", "_heldout")))
+"""The files export_builtin writes."""
 
 
 def _write_jsonl(path: Path, rows) -> Path:

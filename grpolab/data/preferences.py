@@ -12,7 +12,8 @@ File rows (JSONL, or a local HF dataset read with `datasets`):
 - explicit chat prompt: {"prompt": [messages], "chosen": str | [one assistant message], ...};
 - implicit chat prompt: {"chosen": [..., assistant], "rejected": [..., assistant]} (no prompt field):
   the shared messages before the final assistant message are the prompt.
-Errors (DataError, a ValueError) name the file and line (or dataset row).
+Errors (DataError, a ValueError) name the file and line (or dataset row); with a tokenizer, a prompt,
+chosen or rejected text it cannot encode is one of them (the character named), found when the data loads.
 
 Built-in pairs for the arithmetic task (train or held-out side of its split, never mixed):
 - `accuracy_pairs`: "is this the correct response". Answerable prompt: chosen = the answer;
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from grpolab.data.arith import EVAL, REFUSAL, TRAIN, ArithTask, PromptItem, wrong_answer
-from grpolab.data.sources import RenderOptions, check_messages, open_local_dataset, render_prompt
+from grpolab.data.sources import RenderOptions, check_messages, encode_text, open_local_dataset, render_prompt
 
 _INTEGER = re.compile(r"-?[0-9]+")
 
@@ -103,7 +104,11 @@ def row_to_pair(row: Any, opts: RenderOptions) -> PrefPair:
         prompt = check_messages(c_prefix)
     if chosen == rejected:
         raise ValueError("'chosen' and 'rejected' are identical")
-    return PrefPair(render_prompt(prompt, opts), chosen, rejected)
+    pair = PrefPair(render_prompt(prompt, opts), chosen, rejected)
+    if opts.tokenizer is not None:  # found when the data loads, not in the first training step
+        for field, text in (("the prompt", pair.prompt), ("field 'chosen'", chosen), ("field 'rejected'", rejected)):
+            encode_text(opts.tokenizer, text, field)
+    return pair
 
 
 def _jsonl_rows(path: Path):

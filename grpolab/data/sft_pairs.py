@@ -5,7 +5,8 @@ messages (field `messages_field`) ending with the assistant's reply, which is th
 messages before it are the prompt. Prompts are rendered exactly as GRPO renders them
 (`sources.row_to_item`: chat template, system prompt), so SFT trains the policy on the text it will
 be prompted with. The loss covers the response tokens (and EOS) only (`sft.sft`).
-Errors name the file and line (or dataset row).
+Errors name the file and line (or dataset row), among them a prompt or response the model's tokenizer
+cannot encode (the character named), found when the data loads, before any step.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from grpolab.data.sources import RenderOptions, dataset_rows, jsonl_rows, row_to_item
+from grpolab.data.sources import RenderOptions, dataset_rows, encode_text, jsonl_rows, row_to_item
 
 
 def row_to_pair(row: Any, where: str, opts: RenderOptions, response_field: str) -> tuple[str, str]:
@@ -36,6 +37,8 @@ def row_to_pair(row: Any, where: str, opts: RenderOptions, response_field: str) 
         response = row[response_field]
     if not isinstance(response, str) or not response.strip():
         raise ValueError(f"{where}: the response must be a non-empty string, got {response!r}"[:200])
+    if opts.tokenizer is not None:  # the prompt was checked by row_to_item
+        encode_text(opts.tokenizer, response, f"{where}: the response")
     return prompt, response
 
 

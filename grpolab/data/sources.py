@@ -17,7 +17,8 @@ used as is, and chat messages are an error.
 
 Errors name the file and line (or dataset row): missing file, a line that is not JSON, a row that
 is not an object, no prompt/messages field, an empty prompt, malformed messages, and (with
-`max_prompt_tokens`) a rendered prompt longer than that many tokens.
+`max_prompt_tokens`) a rendered prompt longer than that many tokens; with a tokenizer, a prompt it cannot
+encode (`encode_text`: the character named).
 """
 
 from __future__ import annotations
@@ -82,6 +83,32 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
+def _ids(tokenizer: Any, text: str) -> list[int] | None:
+    """The ids of `text`, or None when `tokenizer` raises on it or gives its unknown token."""
+    try:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    except Exception:  # noqa: BLE001 - tokenizers raise their own types (e.g. a missing [UNK])
+        return None
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return None if unk is not None and unk in ids and (tokenizer.unk_token or "") not in text else ids
+
+
+def encode_text(tokenizer: Any, text: str, what: str) -> list[int]:
+    """The token ids of `text` (no special tokens added). A text the tokenizer cannot encode (a character
+    outside a character-level tokenizer's alphabet, or one it maps to its unknown token) is a ValueError
+    naming `what` (e.g. "data.jsonl:7: field 'response'"), the first such character, its code point and
+    its position."""
+    ids = _ids(tokenizer, text)
+    if ids is not None:
+        return ids
+    for pos, ch in enumerate(text):
+        if _ids(tokenizer, ch) is None:
+            raise ValueError(f"{what}: the model's tokenizer cannot encode the character {ch!r} (U+{ord(ch):04X}) "
+                             f"at position {pos}: {text[max(0, pos - 30):pos + 30]!r}; remove it from the data or "
+                             "use a model whose tokenizer has it")
+    raise ValueError(f"{what}: the model's tokenizer cannot encode this text: {text[:80]!r}")
+
+
 def row_to_item(row: Any, where: str, opts: RenderOptions) -> PromptItem:
     """One row (a dict) -> PromptItem; `where` (e.g. "data.jsonl:7") prefixes every error."""
     if not isinstance(row, Mapping):
@@ -105,11 +132,7 @@ def row_to_item(row: Any, where: str, opts: RenderOptions) -> PromptItem:
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     if opts.tokenizer is not None:
-        try:
-            n = len(opts.tokenizer(text, add_special_tokens=False)["input_ids"])
-        except Exception as e:  # noqa: BLE001 - tokenizers raise their own types (e.g. a missing [UNK])
-            raise ValueError(f"{where}: the model's tokenizer cannot encode this prompt ({type(e).__name__}: "
-                             f"{' '.join(str(e).split())[:200]}); text: {text[:80]!r}") from None
+        n = len(encode_text(opts.tokenizer, text, f"{where}: the prompt"))
         if opts.max_prompt_tokens is not None and n > opts.max_prompt_tokens:
             raise ValueError(
                 f"{where}: the prompt is {n} tokens long, more than max_prompt_tokens={opts.max_prompt_tokens}"

@@ -203,7 +203,10 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None, resu
 
 def save_final(setup, folder: Path) -> None:
     """The trained policy as a transformers folder (weights gathered from every rank with FSDP2),
-    with its tokenizer, and PPO's value head beside it (value_head.safetensors); written by rank 0."""
+    with its tokenizer, PPO's value head beside it (value_head.safetensors) and the integrity manifest
+    every reader checks (grpolab.manifest); written by rank 0."""
+    from grpolab.manifest import write_manifest
+
     state = None
     if setup.services.parallel.shards_parameters:  # gathered on every rank (a collective), written by rank 0
         from grpolab.parallel.checkpoint import full_state_dict
@@ -216,6 +219,7 @@ def save_final(setup, folder: Path) -> None:
             from safetensors.torch import save_model
 
             save_model(setup.models.critic.head, str(folder / "value_head.safetensors"))
+        write_manifest(folder)
     setup.services.parallel.barrier()
 
 

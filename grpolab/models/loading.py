@@ -37,6 +37,7 @@ from typing import Any, Callable
 import torch
 
 from grpolab.hardware import cpu_supports_bf16
+from grpolab.manifest import check_manifest
 from grpolab.optional import package_dir, require
 
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -294,6 +295,20 @@ def check_causal_lm(path: Path) -> Any:
     return config
 
 
+def read_weights(what: str, path: Path, load: Callable[[], Any]) -> Any:
+    """load() (a from_pretrained of the folder `path`), its failure on damaged or unreadable files as one
+    ValueError naming `what` ("model", "reward model", ...), the folder and the files, not the loader's
+    own exception type (safetensors' SafetensorError on a cut file, OSError, ...)."""
+    try:
+        return load()
+    except (ImportError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever the reader raises, the user sees which file
+        files = ", ".join(sorted(p.name for p in Path(path).glob("*.safetensors"))) or "its weights"
+        raise ValueError(f"{what} folder {path}: {files} cannot be read, the file is damaged or not the "
+                         f"model's ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
+
+
 def load_model(
     name_or_path: str | os.PathLike,
     *,
@@ -310,10 +325,11 @@ def load_model(
 
     torch_dtype = resolve_dtype(dtype, device)
     path = resolve_model_path(name_or_path)
+    check_manifest(path)
     config = check_causal_lm(path)
-    model = AutoModelForCausalLM.from_pretrained(
+    model = read_weights("model", path, lambda: AutoModelForCausalLM.from_pretrained(
         path, config=config, dtype=torch_dtype, use_safetensors=True, local_files_only=True, trust_remote_code=False
-    )
+    ))
     try:
         tokenizer = load_tokenizer(path)
     except (OSError, ValueError) as e:

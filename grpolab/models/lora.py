@@ -94,4 +94,7 @@ def load_adapter(base_model: torch.nn.Module, directory: str | os.PathLike, *, t
     path = Path(directory)
     if not (path / "adapter_config.json").is_file():
         raise FileNotFoundError(f"no adapter_config.json in {path}")
-    return peft.PeftModel.from_pretrained(base_model, path, is_trainable=trainable)
+    from grpolab.models.loading import read_weights
+
+    return read_weights("LoRA adapter", path, lambda: peft.PeftModel.from_pretrained(base_model, path,
+                                                                                      is_trainable=trainable))

@@ -65,6 +65,79 @@ def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
             "-m", "grpolab", *argv]
 
 
+RANK_ERRORS = "GRPOLAB_RANK_ERRORS"
+"""The environment variable naming the folder where the ranks of a `--nproc` launch leave their input
+errors (`rank_error`), for the launching process to print once."""
+
+
+def rank_error(message: str) -> bool:
+    """Under a `grpolab ... --nproc N` launch, leaves this rank's input error (one paragraph) for the
+    launching process, which prints it once and exits 2 (`run_torchrun`); False elsewhere (plain
+    torchrun or one process: the caller prints it)."""
+    folder = os.environ.get(RANK_ERRORS)
+    if not folder or not launched():
+        return False
+    path = os.path.join(folder, f"rank-{int(os.environ['RANK']):05d}.txt")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(message)
+    os.replace(path + ".tmp", path)
+    return True
+
+
+def run_torchrun(nproc: int, argv: list[str], say=None) -> int:
+    """Runs torchrun's launcher in this process (`torchrun_command`: N ranks of `python -m grpolab argv`)
+    and returns the command's exit code. An input error of the ranks (`rank_error`) is printed once
+    and gives 2; a rank that fails otherwise is one line naming it, its exit code or signal and what
+    to do, and gives its exit code (128 + the signal's number when killed); a signal that stops the
+    launcher gives 128 + its number. Never the launcher's own traceback."""
+    import logging
+    import tempfile
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    quiet = logging.getLogger("torch.distributed.elastic.multiprocessing.api")  # its lines on a rank's exit
+    level = quiet.level
+    saved = {k: os.environ.get(k) for k in (RANK_ERRORS, "OMP_NUM_THREADS")}
+    with tempfile.TemporaryDirectory(prefix="grpolab-ranks-") as folder:
+        os.environ[RANK_ERRORS] = folder
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several ranks (run.threads sets it)
+        quiet.setLevel(logging.CRITICAL)
+        try:
+            run(parse_args(torchrun_command(nproc, argv)[3:]))
+            return 0
+        except ChildFailedError as e:
+            return _failed_ranks(e, folder, nproc, say)
+        except SignalException as e:
+            say(f"grpolab: stopped by {e.sigval.name}; the ranks were stopped with it")
+            return 128 + int(e.sigval)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            quiet.setLevel(level)
+
+
+def _failed_ranks(error, folder: str, nproc: int, say) -> int:
+    """The exit code of a failed launch (see `run_torchrun`), its message said once."""
+    from pathlib import Path
+
+    messages = [p.read_text(encoding="utf-8") for p in sorted(Path(folder).glob("rank-*.txt"))]
+    if messages:
+        for message in dict.fromkeys(messages):  # every rank finds the same error: said once
+            say(message)
+        return 2
+    rank, failure = error.get_first_failure()
+    how = f"was killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exited with code {failure.exitcode}"
+    say(f"grpolab: error: rank {rank} of {nproc} (pid {failure.pid}) {how}, and the other ranks were stopped; its "
+        "output above says why. The run folder keeps its last complete checkpoint: add --resume to continue it")
+    return 128 - failure.exitcode if failure.exitcode < 0 else failure.exitcode
+
+
 def strip_nproc(argv: list[str]) -> list[str]:
     """argv without its `--nproc N` / `--nproc=N`."""
     out, skip = [], False

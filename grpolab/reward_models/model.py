@@ -19,6 +19,7 @@ measured after training; `RewardModelReward(normalize="fixed")` uses them.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -160,15 +161,15 @@ def build_reward_model(base: Any, tokenizer, *, seed: int = 0, **tiny_kwargs: An
         raise ValueError(f"build_reward_model: {sorted(tiny_kwargs)} apply only to base={TINY_BASE!r}")
     from transformers import AutoModelForSequenceClassification
 
-    from grpolab.models.loading import resolve_model_path
+    from grpolab.models.loading import read_weights, resolve_model_path
 
     path = resolve_model_path(base)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        rm = AutoModelForSequenceClassification.from_pretrained(
+        rm = read_weights("reward model base", path, lambda: AutoModelForSequenceClassification.from_pretrained(
             path, num_labels=1, dtype=torch.float32, use_safetensors=True, local_files_only=True,
             trust_remote_code=False,
-        )
+        ))
     return _set_pad(rm, tokenizer.pad_token_id)
 
 
@@ -240,11 +241,14 @@ def save_reward_model(model, tokenizer, out_dir: str | Path, *, info: dict[str, 
     `pairs`, the training pairs (train_pairs.jsonl: what rm_refresh replays to continue training
     without forgetting). Written to a temporary folder, then
     renamed; an existing `out_dir` is replaced only if it is empty, a reward-model folder, or holds
-    only the run.json of the command that claimed it (kept)."""
+    only the run.json and lock file of the command that claimed it (kept: the lock file is moved into
+    the new folder, its lock still held)."""
+    from grpolab.manifest import write_manifest
+    from grpolab.rundir.lock import LOCK_FILE
     from grpolab.rundir.rundir import RUN_FILE
 
     out = Path(out_dir).expanduser()
-    claimed_only = out.is_dir() and {p.name for p in out.iterdir()} <= {RUN_FILE}  # `grpolab rm` claimed it
+    claimed_only = out.is_dir() and {p.name for p in out.iterdir()} <= {RUN_FILE, LOCK_FILE}  # `grpolab rm` claimed it
     if out.exists() and not claimed_only and (not out.is_dir() or not (out / RM_INFO_FILE).is_file()):
         raise FileExistsError(f"reward model output {out} exists and is not a reward-model folder; "
                               "choose another --out or remove it")
@@ -257,8 +261,11 @@ def save_reward_model(model, tokenizer, out_dir: str | Path, *, info: dict[str, 
         (tmp / RM_INFO_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         if pairs:
             write_train_pairs(tmp, pairs)
+        write_manifest(tmp)
         if (out / RUN_FILE).is_file():
             shutil.copy2(out / RUN_FILE, tmp / RUN_FILE)
+        if (out / LOCK_FILE).is_file():
+            os.rename(out / LOCK_FILE, tmp / LOCK_FILE)  # the same file: a lock on it stays held
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -276,7 +283,8 @@ def load_reward_model(path: str | Path, device: str | torch.device = "cpu", *, d
     """
     from transformers import AutoModelForSequenceClassification
 
-    from grpolab.models.loading import load_tokenizer, refuse_custom_code
+    from grpolab.manifest import check_manifest
+    from grpolab.models.loading import load_tokenizer, read_weights, refuse_custom_code
 
     p = Path(path).expanduser()
     if not p.is_dir():
@@ -284,9 +292,10 @@ def load_reward_model(path: str | Path, device: str | torch.device = "cpu", *, d
     if not (p / "config.json").is_file() or not any(p.glob("*.safetensors")):
         raise FileNotFoundError(f"reward model folder {p} has no config.json or *.safetensors weights")
     refuse_custom_code(p)
-    model = AutoModelForSequenceClassification.from_pretrained(
+    check_manifest(p, "reward model")
+    model = read_weights("reward model", p, lambda: AutoModelForSequenceClassification.from_pretrained(
         p, dtype=dtype, use_safetensors=True, local_files_only=True, trust_remote_code=False
-    )
+    ))
     if model.config.num_labels != 1:
         raise ValueError(f"reward model {p}: num_labels={model.config.num_labels}; a reward model has one output")
     tokenizer = _with_pad(load_tokenizer(p))

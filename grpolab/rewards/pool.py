@@ -5,7 +5,8 @@ and runs up to rollout.reward_worker_threads calls at once. `RewardPool.score` s
 G completions as a call of its own, groups dealt round-robin over the workers, so a verifier or
 sandbox that takes a second per call costs about a second per batch, not a second per group. The
 results are put back in row order; a function that raised on any group counts as raising on the
-batch, so train.on_reward_error means the same as in one process.
+batch, so train.on_reward_error means the same as in one process. A worker that dies ends the run with
+one WorkerLostError naming it (grpolab.parallel.ray_cluster.gather).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from grpolab.parallel.ray_cluster import connect, require_ray
+from grpolab.parallel.ray_cluster import connect, gather, require_ray
 
 
 class RewardWorker:
@@ -55,13 +56,13 @@ class RewardPool:
     def score(self, prompts: Sequence[str], texts: Sequence[str], metas: Sequence[dict],
               group_size: int) -> dict[str, Any]:
         """name -> [N] scores of every row, or the first exception the function raised on a group."""
-        ray = require_ray()
-        refs = []
+        refs, owners = [], []
         for g, start in enumerate(range(0, len(texts), group_size)):
             rows = slice(start, start + group_size)
-            worker = self.workers[g % len(self.workers)]
-            refs.append(worker.score.remote(list(prompts[rows]), list(texts[rows]), list(metas[rows])))
-        parts = ray.get(refs)
+            i = g % len(self.workers)
+            refs.append(self.workers[i].score.remote(list(prompts[rows]), list(texts[rows]), list(metas[rows])))
+            owners.append(f"reward worker {i} of {len(self.workers)}")
+        parts = gather(refs, owners, "reward scoring")
         out: dict[str, Any] = {}
         for name in self.names:
             errors = [p[name] for p in parts if isinstance(p[name], BaseException)]

@@ -21,7 +21,8 @@ rollout.overlap runs one version behind (grpolab/grpo/overlap.py). Every Rollout
 weight version that sampled it.
 
 Actors are named per run (`grpolab-<token>-rollout-<i>`): rank 0 creates them, other trainer ranks
-look them up, and `close()` ends them.
+look them up, and `close()` ends them. A worker that dies (killed, its process ended) ends the run with
+one WorkerLostError naming it and how to continue (`--resume`), not Ray's ActorDiedError traceback.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch
 
 from grpolab.agents.episode import EpisodeBatch
 from grpolab.batch import Rollout, concat_rollouts
-from grpolab.parallel.ray_cluster import connect, require_ray
+from grpolab.parallel.ray_cluster import connect, gather, require_ray
 from grpolab.rollout.hf import pad_id
 from grpolab.rollout.multiturn import generate_episodes
 
@@ -144,11 +145,13 @@ class PendingRollout:
     pad_id: int
     generator: torch.Generator | None = None
     episodes: bool = False
+    owners: list[str] = field(default_factory=list)
+    """Who runs refs[i] (`RayEngine.owners`), named when it dies."""
     _done: Rollout | EpisodeBatch | None = field(default=None, repr=False)
 
     def result(self) -> Rollout | EpisodeBatch:
         if self._done is None:
-            outs = require_ray().get(self.refs)
+            outs = gather(self.refs, self.owners, "generation")
             if self.generator is not None and outs[0][1] is not None:  # worker 0 continued the caller's stream
                 set_state_bytes(self.generator, outs[0][1])
             parts = [part for part, _ in outs]
@@ -170,8 +173,9 @@ def merge_episodes(parts: list[EpisodeBatch]) -> EpisodeBatch:
 class RayEngine:
     """`Engine` over Ray rollout-worker actors (module docstring)."""
 
-    def __init__(self, workers: list, tokenizer, is_main: bool = True):
+    def __init__(self, workers: list, tokenizer, is_main: bool = True, names: Sequence[str] = ()):
         self.workers, self.tokenizer, self.is_main = workers, tokenizer, is_main
+        self.names = list(names)
         self.weight_version = 0
         self.last_sync_bytes = 0
 
@@ -197,7 +201,14 @@ class RayEngine:
         for i, (a, b) in enumerate(split_groups(len(inputs), len(self.workers))):
             call = getattr(self.workers[i], method)
             refs.append(call.remote(list(inputs[a:b]), *args, state if i == 0 else None, _hash_seed(base, i), greedy))
-        return PendingRollout(refs, pad_id(self.tokenizer), generator, episodes=method == "episodes")
+        return PendingRollout(refs, pad_id(self.tokenizer), generator, episodes=method == "episodes",
+                              owners=self.owners())
+
+    def owners(self) -> list[str]:
+        """Each worker as a message names it: "rollout worker I of N (Ray actor NAME)"."""
+        n = len(self.workers)
+        return [f"rollout worker {i} of {n}" + (f" (Ray actor {self.names[i]})" if i < len(self.names) else "")
+                for i in range(n)]
 
     def generate(self, prompts: Sequence[str], group_size: int, *, generator: torch.Generator | None = None,
                  greedy: bool = False) -> Rollout:
@@ -216,7 +227,7 @@ class RayEngine:
         if self.is_main:
             cpu = {k: state[k].detach().cpu() for k in state}  # put copies them into the object store
             ref = ray.put(cpu)
-            ray.get([w.load_weights.remote(version, ref) for w in self.workers])
+            gather([w.load_weights.remote(version, ref) for w in self.workers], self.owners(), "a weight sync")
             self.last_sync_bytes = sum(v.numel() * v.element_size() for v in cpu.values())
         elif not isinstance(state, dict):  # gathered as read (FSDP2): every rank reads it, in the same order
             for k in state:
@@ -225,7 +236,7 @@ class RayEngine:
 
     def versions(self) -> list[int]:
         """Each worker's weight version."""
-        return require_ray().get([w.weight_version.remote() for w in self.workers])
+        return gather([w.weight_version.remote() for w in self.workers], self.owners(), "a version check")
 
     def close(self) -> None:
         """Ends the workers (rank 0, which created them)."""
@@ -263,6 +274,6 @@ def build_ray_engine(cfg, policy, tokenizer, parallel) -> RayEngine:
     parallel.barrier()
     if not parallel.is_main:
         workers = [ray.get_actor(n) for n in names]
-    engine = RayEngine(workers, tokenizer, is_main=parallel.is_main)
+    engine = RayEngine(workers, tokenizer, is_main=parallel.is_main, names=names)
     engine.load_weights(0, parallel.full_state(policy))  # the trainer's π0 (an SFT'd policy, LoRA adapters)
     return engine

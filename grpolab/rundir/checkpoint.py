@@ -123,8 +123,11 @@ def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
 
 def latest_checkpoint(root: str | os.PathLike, verify: bool = False, say=None) -> Path | None:
     """The newest complete checkpoint under root; with `verify` the newest whose files match their
-    SHA-256, each damaged newer one named through say(message) and skipped."""
-    for path in reversed(complete_checkpoints(root)):
+    SHA-256. Each newer step-N folder that is skipped (incomplete, a file of the wrong size, or with
+    `verify` a file whose SHA-256 does not match) is named with the reason through say(message)."""
+    root = Path(root)
+    found = [p for p in root.iterdir() if _STEP_DIR.fullmatch(p.name)] if root.is_dir() else []
+    for path in sorted(found, key=step_of, reverse=True):
         try:
             check_complete(path, verify=verify)
             return path
@@ -428,6 +431,11 @@ def _load_sharded(setup, path: Path, one_process: bool = False) -> None:
         raise CheckpointError(str(e)) from None
 
 
+WHERE_IT_RUNS = ("train.parallel",)
+"""Fields that say how the ranks hold the model, not what a step computes: a checkpoint resumes under
+either (DCP reshards), so a difference is not reported as a change."""
+
+
 def config_changes(path: Path, cfg) -> list[str]:
     """Fields (other than run.*) whose value differs between the checkpoint's config and cfg. A field cfg
     leaves at `auto` where the checkpoint holds a value is not a change: the checkpoint's config holds
@@ -447,8 +455,8 @@ def config_changes(path: Path, cfg) -> list[str]:
         return out
 
     a, b = flat(saved), flat(now)
-    keys = sorted(k for k in set(a) | set(b)
-                  if not k.startswith("run.") and a.get(k) != b.get(k) and b.get(k) != "auto")
+    keys = sorted(k for k in set(a) | set(b) if not k.startswith("run.") and k not in WHERE_IT_RUNS
+                  and a.get(k) != b.get(k) and b.get(k) != "auto")
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys]
 
 

@@ -8,6 +8,13 @@ old run aside (`DIR.old-<time>`), never deletes it. `run.json` records the comma
 run finished, independent of its checkpoints:
 
     {"command": "train", "status": "running" | "finished", "started": "...", "finished": "..."}
+
+One process writes a folder at a time: `claim` first takes the folder's lock (grpolab.rundir.lock),
+held until the command ends, so a second run, resume or command into a folder in use is refused
+naming the holder's PID and command. A folder grpolab never claimed (no run.json) that holds other
+files is the user's: it is refused too (`--overwrite` moves it aside). `claim_files` is the rule of a
+command that writes fixed file names into a folder users keep data in (`grpolab data`): it rewrites
+only the files it wrote there before and that are unchanged since (their SHA-256 in run.json).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from pathlib import Path
 
 from grpolab import config as C
 from grpolab.errors import ConfigError
+from grpolab.rundir.lock import LOCK_FILE, lock_folder, release
 
 RUN_FILE = "run.json"
 RESULTS = ("final", "eval.json", "grpolab_rm.json")
@@ -70,8 +78,14 @@ def _write(path: Path, info: dict) -> None:
     os.replace(tmp, path / RUN_FILE)
 
 
-def move_aside(path: Path) -> Path:
-    """Renames the run at `path` to `path.old-<time>[-n]` (nothing is deleted); returns the new name."""
+def move_aside(path: Path, field: str = "run.out_dir") -> Path:
+    """Renames the run at `path` to `path.old-<time>[-n]` (nothing is deleted); returns the new name.
+    A folder another process holds (its lock) is refused (FolderBusyError); this process's lock of it
+    is given back, as the folder is no longer at `path`."""
+    path = Path(path)
+    if path.is_dir():
+        lock_folder(path, field)  # refuses a folder in use by another process
+        release(path)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in range(1000):
         dest = path.with_name(f"{path.name}.old-{stamp}" + (f"-{n}" if n else ""))
@@ -81,23 +95,42 @@ def move_aside(path: Path) -> Path:
     raise ConfigError(f"cannot move {path} aside: too many {path.name}.old-{stamp}* folders")
 
 
+def _foreign(path: Path) -> list[str]:
+    """The entries of a folder grpolab never claimed (no run.json): the user's files ([] otherwise)."""
+    if not path.is_dir() or (path / RUN_FILE).exists():
+        return []
+    return sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
+
+
+def _refuse_foreign(path: Path, names: list[str], field: str) -> ConfigError:
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return ConfigError(f"{field}={str(path)!r} holds files grpolab did not write ({shown}); choose another "
+                       "folder, or add --overwrite to move them aside (nothing is deleted)")
+
+
 def claim(path: Path, command: str, *, resume: bool = False, overwrite: bool = False,
           field: str = "run.out_dir", say=print) -> Path:
-    """Makes `path` the folder of a new (or, with `resume`, continued) `command` run and records it
-    in run.json; refuses a folder holding another run (ConfigError naming `field` and the ways out)."""
-    path = Path(path)
-    if holds_run(path):
+    """Makes `path` the folder of a new (or, with `resume`, continued) `command` run, held by this
+    process (its lock) until the command ends, and records it in run.json; refuses a folder in use by
+    another process, holding another run, or holding the user's own files (ConfigError naming `field`
+    and the ways out)."""
+    path = lock_folder(Path(path), field)
+    run = holds_run(path)
+    if run or _foreign(path):
         previous = read_run(path).get("command")
         if overwrite:
-            say(f"grpolab: moved the run that was in {path} to {move_aside(path)}")
+            say(f"grpolab: moved what was in {path} to {move_aside(path, field)}")
+            lock_folder(path, field)
+        elif not run:
+            raise _refuse_foreign(path, _foreign(path), field)
         elif not resume:
             how = "add --resume to continue it, " if command == "train" else ""
             raise ConfigError(f"{field}={str(path)!r} already holds {_describe(path)}; {how}add --overwrite to move "
                               "it aside (nothing is deleted), or choose another folder")
         elif previous not in (None, command):
-            raise ConfigError(f"{field}={str(path)!r} holds {_describe(path)}, which `grpolab {command} --resume` "
-                              "cannot continue; choose another folder (or --overwrite to move it aside)")
-    path.mkdir(parents=True, exist_ok=True)
+            again = f"grpolab {command} --resume" if command in ("train", "demo") else f"grpolab {command}"
+            raise ConfigError(f"{field}={str(path)!r} holds {_describe(path)}, which `{again}` cannot continue; "
+                              "choose another folder (or --overwrite to move it aside)")
     info = read_run(path) if resume else {}
     _write(path, {**info, "command": command, "status": "running", "started": info.get("started", _now())})
     return path
@@ -134,3 +167,39 @@ def write_eval(run_dir: Path, payload: dict) -> None:
     tmp = run_dir / "eval.json.tmp"
     tmp.write_text(json.dumps(payload, indent=2))
     tmp.replace(run_dir / "eval.json")
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def claim_files(path: Path, command: str, names: list[str], *, overwrite: bool = False, field: str = "--out",
+                say=print) -> Path:
+    """Claims `path` (held by this process) for a command that writes the files `names` into it, among
+    files of the user's: refused while one of `names` exists that this command did not write there, or
+    has been changed since (run.json's "outputs" records their SHA-256); --overwrite moves the folder
+    aside first. Other files of the folder are left alone."""
+    path = lock_folder(Path(path), field)
+    info = read_run(path)
+    written = info.get("outputs", {}) if info.get("command") == command else {}
+    clash = [n for n in names
+             if (path / n).exists() and not ((path / n).is_file() and written.get(n) == _sha256(path / n))]
+    if clash and overwrite:
+        say(f"grpolab: moved what was in {path} to {move_aside(path, field)}")
+        lock_folder(path, field)
+        info = {}
+    elif clash:
+        raise ConfigError(f"{field}={str(path)!r} holds {', '.join(clash)}, which grpolab {command} did not write "
+                          "(or which changed since); choose another folder, or add --overwrite to move the folder "
+                          "aside (nothing is deleted)")
+    _write(path, {**info, "command": command, "status": "running", "started": _now()})
+    return path
+
+
+def record_outputs(path: Path, files: list[Path]) -> None:
+    """Records in run.json the SHA-256 of the files a claim_files command wrote, and that it finished."""
+    outputs = {Path(f).name: _sha256(Path(f)) for f in files}
+    _write(path, {**read_run(path), "outputs": outputs, "status": "finished", "finished": _now()})

@@ -223,3 +223,43 @@ def test_compare_edge_cases():
     assert R.compare(flat_a, flat_a)["verdict"] == "within"
     s = R.stat([1.0, 2.0, 3.0])
     assert (s["mean"], s["sd"], s["min"], s["max"]) == (2.0, 1.0, 1.0, 3.0)
+
+
+# ----------------------------------------------------------------------------- OUT is claimed like a run folder
+
+SMALL = ["--presets", "grpo", "--seeds", "0", "--steps", "1", "--jobs", "1", "model.hidden_size=32",
+         "model.num_layers=1", "model.num_heads=2", "sft.steps=2", "sft.stop_at_accuracy=0", "sft.examples=50",
+         "sft.refusal_examples=5", "data.eval_prompts=8", "rollout.prompts_per_step=2", "rollout.group_size=2",
+         "rollout.max_new_tokens=4"]
+
+
+def test_ablate_never_writes_over_the_users_files(tmp_path, capsys):
+    from grpolab import cli
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("my own\n")
+    assert cli.main(["ablate", "--out", str(out), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert f"--out='{out}' holds files grpolab did not write (notes.txt)" in err and "--overwrite" in err
+    assert "Traceback" not in err and sorted(p.name for p in out.iterdir()) == [".grpolab.lock", "notes.txt"]
+    assert (out / "notes.txt").read_text() == "my own\n"
+    assert cli.main(["ablate", "--out", str(out), *SMALL, "--overwrite"]) == 0
+    moved, = tmp_path.glob("mine.old-*")
+    assert (moved / "notes.txt").read_text() == "my own\n" and not (out / "notes.txt").exists()
+    assert (out / "ablate.json").is_file()
+    capsys.readouterr()
+    assert cli.main(["ablate", "--out", str(out), *SMALL]) == 0  # its own folder: continued, runs reused
+    assert "1 finished run(s) found" in capsys.readouterr().err
+
+
+def test_ablate_refuses_a_folder_holding_another_commands_run(tmp_path, capsys):
+    from grpolab import cli
+
+    out = tmp_path / "run"
+    (out / "final").mkdir(parents=True)
+    (out / "run.json").write_text(json.dumps({"command": "train", "status": "finished"}))
+    assert cli.main(["ablate", "--out", str(out), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert "holds a finished train run, which `grpolab ablate` cannot continue" in err
+    assert sorted(p.name for p in out.iterdir()) == [".grpolab.lock", "final", "run.json"]

@@ -104,10 +104,12 @@ def test_a_stopped_demo_continues_with_the_command_it_names_to_the_same_result(t
              "rollout.prompts_per_step=4", "train.minibatch_size=16", "train.microbatch_size=16",
              "run.checkpoint_every=1", "run.threads=1", "rewards=[exact_match:1.0, refusal:1.0, slow_reward:slow:0.0]"]
     base = [sys.executable, "-m", "grpolab.cli", "demo", "--quick", "--no-report", *small]
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[2])  # this checkout's grpolab, and slow_reward
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), root])}
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    subprocess.run([*base, "--out", str(whole)], check=True, capture_output=True, timeout=600, cwd=tmp_path)
+    subprocess.run([*base, "--out", str(whole)], check=True, capture_output=True, timeout=600, cwd=tmp_path, env=env)
     proc = subprocess.Popen([*base, "--out", str(cut)], stderr=subprocess.PIPE, text=True,
-                            stdout=subprocess.DEVNULL, cwd=tmp_path)
+                            stdout=subprocess.DEVNULL, cwd=tmp_path, env=env)
     metrics = cut / "metrics.jsonl"
     while proc.poll() is None and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
         time.sleep(0.2)
@@ -118,7 +120,8 @@ def test_a_stopped_demo_continues_with_the_command_it_names_to_the_same_result(t
     hint = f"--resume --out {cut}"
     assert hint in err, err
     assert not (cut / "eval.json").exists()
-    resumed = subprocess.run([*base, *hint.split()], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    resumed = subprocess.run([*base, *hint.split()], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                             env=env)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming after step" in resumed.stderr
     torch.testing.assert_close(load_file(cut / "final" / "model.safetensors"),

@@ -36,7 +36,7 @@ def _cfg(*overrides: str) -> C.Config:
 @pytest.fixture(scope="module")
 def cluster():
     """One local Ray cluster for the module; the workers import this folder's modules (slow_rewards)."""
-    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")) if p)
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, namespace="grpolab-tests",
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     torch.set_num_threads(1)
@@ -208,3 +208,42 @@ def test_a_reward_the_workers_cannot_build_is_named_at_setup(cluster):
     with pytest.raises(ValueError, match=r"rollout.reward_workers: a reward worker could not build the rewards "
                                          r"\['slow_rewards:only_in'\].*cannot be built outside process"):
         build_setup(_cfg("rollout.reward_workers=1", reward))
+
+
+@pytest.mark.parametrize("how", ["rollout-ray.kill", "rollout-process-killed", "reward-ray.kill"])
+def test_a_worker_that_dies_ends_the_run_with_one_grpolab_message(cluster, tmp_path, monkeypatch, capsys, how):
+    """A rollout or reward worker that dies before a step (ray.kill, or its process SIGKILLed) ends
+    `grpolab train` with one grpolab message naming the worker and --resume, exit code 1, no Ray
+    traceback; --resume then finishes the run with new workers."""
+    import signal
+
+    from grpolab import cli
+    from grpolab.rewards import pool
+    from grpolab.rollout import ray_engine
+
+    kind = how.split("-")[0]
+    module, build = (ray_engine, "build_ray_engine") if kind == "rollout" else (pool, "build_reward_pool")
+    real = getattr(module, build)
+
+    def build_then_kill(*a, **k):
+        built = real(*a, **k)
+        victim = built.workers[-1]
+        if how == "rollout-process-killed":
+            os.kill(ray.get(victim.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
+        else:
+            ray.kill(victim)
+        return built
+
+    monkeypatch.setattr(module, build, build_then_kill)
+    argv = ["train", "grpo", *TINY, "train.steps=2", f"rollout.{'workers' if kind == 'rollout' else 'reward_workers'}=2",
+            f"run.out_dir={tmp_path / 'run'}"]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("grpolab: error:") == 1 and "--resume" in err, err
+    assert f"{kind} worker 1 of 2" in err and "died during" in err, err
+    if how == "rollout-ray.kill":
+        assert "(Ray actor grpolab-" in err and "killed by `ray.kill`" in err, err
+    assert "Traceback" not in err and "ActorDiedError" not in err, err
+    monkeypatch.setattr(module, build, real)
+    assert cli.main([*argv, "--resume"]) == 0
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2

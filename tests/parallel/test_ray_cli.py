@@ -28,7 +28,7 @@ def _cmd(out: Path, *extra: str) -> list[str]:
 
 
 def _env() -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
     for k in ("WORLD_SIZE", "RANK", "GRPOLAB_RAY_TRAINER"):
         env.pop(k, None)
     return env

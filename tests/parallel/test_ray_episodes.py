@@ -30,7 +30,7 @@ NOT_COMPARED = ("time/", "tokens_per_s/", "mfu", "sync/")
 
 @pytest.fixture(scope="module")
 def cluster():
-    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")) if p)
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, namespace="grpolab-tests",
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     torch.set_num_threads(1)

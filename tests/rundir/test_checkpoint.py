@@ -242,6 +242,8 @@ def test_config_changes_are_listed_except_run_fields(tmp_path):
     path = ck.save_checkpoint(s, tmp_path, step=1, keep=1)
     changed = _cfg("train.steps=1", "train.lr=0.5", "run.checkpoint_every=3")
     assert ck.config_changes(path, changed) == ["train.lr: 0.01 -> 0.5"]
+    fsdp2 = _cfg("train.steps=1", "train.parallel=fsdp2")  # a one-process checkpoint resumed under FSDP2
+    assert ck.config_changes(path, fsdp2) == []
 
 
 def test_stop_signal_sets_a_flag_then_a_second_one_interrupts():

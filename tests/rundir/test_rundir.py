@@ -10,6 +10,7 @@ import pytest
 
 from grpolab import cli, config as C
 from grpolab.rundir import checkpoint as ck
+from grpolab.rundir.lock import LOCK_FILE
 from grpolab.rundir.rundir import RUN_FILE, claim, mark_finished, read_run
 from grpolab.grpo.setup import build_setup
 
@@ -23,7 +24,8 @@ def _train(run: Path, *extra: str) -> int:
 
 
 def _snapshot(run: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
+            if p.is_file() and p.name != LOCK_FILE}  # the lock file names whoever held the folder last
 
 
 def test_claim_refuses_a_run_and_overwrite_moves_it_aside(tmp_path):
@@ -33,8 +35,10 @@ def test_claim_refuses_a_run_and_overwrite_moves_it_aside(tmp_path):
     with pytest.raises(C.ConfigError, match=r"run.out_dir='.*run' already holds a running train run; add --resume.*"
                                             r"--overwrite to move it aside"):
         claim(run, "train")
-    with pytest.raises(C.ConfigError, match=r"holds a running train run, which `grpolab sft --resume` cannot"):
-        claim(run, "sft", resume=True)
+    with pytest.raises(C.ConfigError, match=r"holds a running train run, which `grpolab demo --resume` cannot"):
+        claim(run, "demo", resume=True)
+    with pytest.raises(C.ConfigError, match=r"holds a running train run, which `grpolab ablate` cannot"):
+        claim(run, "ablate", resume=True)  # a command without --resume continues its own folder by itself
     assert claim(run, "train", resume=True) == run and read_run(run)["status"] == "running"
     mark_finished(run)
     assert read_run(run)["status"] == "finished"
@@ -43,7 +47,7 @@ def test_claim_refuses_a_run_and_overwrite_moves_it_aside(tmp_path):
     moved = [p for p in tmp_path.iterdir() if p.name.startswith("run.old-")]
     assert len(moved) == 1 and (moved[0] / "metrics.jsonl").read_text() == '{"step": 0}\n'
     assert str(moved[0]) in said[0] and read_run(moved[0])["status"] == "finished"
-    assert [p.name for p in run.iterdir()] == [RUN_FILE] and read_run(run)["command"] == "sft"
+    assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE, RUN_FILE] and read_run(run)["command"] == "sft"
 
 
 def test_no_command_overwrites_a_finished_run(tmp_path, capsys):

@@ -72,7 +72,7 @@ def _fake_setup(signals: list[bool], P: int, cap: int, parallel: Parallel | None
     stream = ListStream(items, seed=0)
     stream._order = list(range(len(items)))  # in order, so the test knows which prompt comes when
     data = SimpleNamespace(prompts=stream, engine=FakeEngine(), rewards=[(_named(_signal_reward), 1.0)],
-                           sample_gen=torch.Generator().manual_seed(0), reward_pool=None, prefetch=None)
+                           sample_gen=torch.Generator().manual_seed(0), reward_pool=None, prefetch=None, agent=None)
     services = SimpleNamespace(parallel=parallel or Parallel(), progress=SimpleNamespace(phase=lambda *a: None))
     return SimpleNamespace(cfg=cfg, data=data, services=services, on_reward_error="raise",
                            models=SimpleNamespace(tokenizer=SimpleNamespace(pad_token_id=0)))

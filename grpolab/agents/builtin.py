@@ -110,21 +110,23 @@ class GuessNumber:
     1.0 - turn_cost * (guesses - 1) when solved (turn_cost = 0 by default: any solve within the turns
     is 1.0; a small cost, e.g. 0.05, rewards fewer guesses), 0.0 when not solved. Give the driver
     max_turns >= this max_turns, or it cuts the episode (truncated) before the game ends.
+    hint: each "higher" / "lower" reply also names the secrets that the replies so far leave
+    ("higher, 9 to 16"), so the best next guess depends on the last reply only.
     """
 
-    def __init__(self, n: int = 100, max_turns: int = 7, turn_cost: float = 0.0):
+    def __init__(self, n: int = 100, max_turns: int = 7, turn_cost: float = 0.0, hint: bool = False):
         if n < 1 or max_turns < 1 or not 0.0 <= turn_cost * (max_turns - 1) <= 1.0:
             raise ValueError(f"GuessNumber: need n >= 1, max_turns >= 1, 0 <= turn_cost*(max_turns-1) <= 1; got "
                              f"n={n}, max_turns={max_turns}, turn_cost={turn_cost}")
-        self.n, self.max_turns, self.turn_cost = n, max_turns, turn_cost
-        self.secret, self.guesses = 0, 0
+        self.n, self.max_turns, self.turn_cost, self.hint = n, max_turns, turn_cost, hint
+        self.secret, self.guesses, self.lo, self.hi = 0, 0, 1, n
 
     def reset(self, item: Any) -> list[dict[str, str]]:
         if isinstance(item, dict) and "secret" in item:
             self.secret = int(item["secret"])
         else:
             self.secret = _rng(item).randint(1, self.n)
-        self.guesses = 0
+        self.guesses, self.lo, self.hi = 0, 1, self.n
         return [{"role": "user", "content": f"Guess my number between 1 and {self.n}: I say higher, lower or correct. "
                                             f"{self.max_turns} guesses."}]
 
@@ -135,8 +137,12 @@ class GuessNumber:
             return [{"role": "user", "content": "correct"}], 1.0 - self.turn_cost * (self.guesses - 1), True
         if guess is None:
             reply = "Reply with a number."
+        elif self.secret > guess:
+            self.lo = max(self.lo, guess + 1)
+            reply = f"higher, {self.lo} to {self.hi}" if self.hint else "higher"
         else:
-            reply = "higher" if self.secret > guess else "lower"
+            self.hi = min(self.hi, guess - 1)
+            reply = f"lower, {self.lo} to {self.hi}" if self.hint else "lower"
         if self.guesses >= self.max_turns:
             return [{"role": "user", "content": reply}], 0.0, True
         return [{"role": "user", "content": reply}], None, False

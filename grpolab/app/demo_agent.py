@@ -66,14 +66,18 @@ def agent_config(spec: AgentSpec, seed: int = 0, task_overrides: list[str] | Non
 
 
 def evaluate(model, tok, cfg: C.Config) -> dict:
-    """Greedy held-out episodes (seeds 0 .. data.eval_prompts-1) of cfg's environment and tools."""
+    """Held-out episodes (seeds 0 .. data.eval_prompts-1) of cfg's environment and tools: greedy
+    metrics, and under "sampled" one episode per item sampled at rollout.temperature (the policy as
+    it acts in training; greedy turns hide a behaviour that π0 samples only sometimes)."""
     from grpolab.evaluation.episodes import evaluate_agent
 
     r = cfg.rollout
     engine = HFEngine(tok, r.max_new_tokens, r.temperature, r.top_p, r.top_k, compute_dtype=torch.float32)
     items = data.heldout_items(cfg.data.eval_prompts)
     with AgentSpec.from_config(cfg).build() as agent:
-        return evaluate_agent(engine, agent, items, model=model)
+        greedy = evaluate_agent(engine, agent, items, model=model)
+        sampled = evaluate_agent(engine, agent, items, model=model, greedy=False, seed=cfg.train.seed)
+    return {**greedy, "sampled": sampled}
 
 
 def run_task(name: str, pi0, tok, cfg: C.Config, run_dir: Path, resume: bool) -> dict:
@@ -98,9 +102,12 @@ def run_task(name: str, pi0, tok, cfg: C.Config, run_dir: Path, resume: bool) ->
 
 
 def summary(m: dict) -> str:
-    turns = m["turns_to_solve/mean"]
-    return (f"solved {m['solved']:.3f}, turns to solve {'-' if turns is None else f'{turns:.2f}'}, tool calls "
-            f"{m['tool_calls/mean']:.2f}/episode ({m['tool_calls/well_formed']:.3f} well-formed)")
+    def one(x: dict) -> str:
+        turns = x["turns_to_solve/mean"]
+        return (f"solved {x['solved']:.3f}, turns to solve {'-' if turns is None else f'{turns:.2f}'}, tool calls "
+                f"{x['tool_calls/mean']:.2f}/episode ({x['tool_calls/well_formed']:.3f} well-formed)")
+
+    return f"greedy: {one(m)}; sampled: {one(m['sampled'])}"
 
 
 def run_agent_demo(seed: int = 0, quick: bool = False, out: str = "", overrides: list[str] | None = None,
@@ -144,12 +151,17 @@ def build_or_load_pi0(path: Path, seed: int, reuse: bool, sft: dict | None = Non
     return model, tok
 
 
+TABLE_KEYS = ("solved", "turns_to_solve/mean", "tool_calls/mean", "tool_calls/well_formed")
+
+
 def format_table(results: dict) -> str:
-    lines = [f"{'held-out metric':<32}{'π0':>8}{'final':>8}"]
+    """π0's and the final policy's held-out metrics per task, greedy and sampled."""
+    lines = [f"{'held-out metric':<36}{'π0':>8}{'final':>8}"]
     for task, r in results.items():
-        for k in ("solved", "turns_to_solve/mean", "tool_calls/mean", "tool_calls/well_formed"):
-            a, b = r["pi0"][k], r["final"][k]
-            if a is None or b is None:
-                continue
-            lines.append(f"{task + ' ' + k:<32}{a:>8.3f}{b:>8.3f}")
+        for mode in ("greedy", "sampled"):
+            before, after = (r[w] if mode == "greedy" else r[w]["sampled"] for w in ("pi0", "final"))
+            for k in TABLE_KEYS:
+                a, b = before[k], after[k]
+                if a is not None and b is not None:
+                    lines.append(f"{f'{task} {mode} {k}':<36}{a:>8.3f}{b:>8.3f}")
     return "\n".join(lines)

@@ -5,13 +5,13 @@ The two tasks, both from agents/builtin.py, trained from the same π0:
 - the tool task: CalculatorTask (multiply two CALC_DIGITS-digit numbers; reward 1 for the exact
   product) with the `calculator` tool; a tiny model cannot multiply in its head, so it must call the
   tool, copy the operands into a well-formed call and copy the result back;
-- the multi-turn task: GuessNumber (a secret in [1, GUESS_N], "higher"/"lower" replies,
-  GUESS_TURNS guesses).
+- the multi-turn task: GuessNumber (a secret in [1, GUESS_N], GUESS_TURNS guesses, replies
+  "higher" / "lower" with the interval they leave: "higher, 5 to 8").
 
-π0 is SFT'd on transcripts that use the tool only sometimes (most answer with a guessed number),
-whose calls are sometimes flawed (malformed JSON, a wrong tool name or argument, a mistyped operand),
-and whose guesses are partly feedback-consistent (bisection, or a random number in the interval the
-replies leave) and partly random. GRPO has to find the better behaviours among π0's own samples.
+π0 is SFT'd on transcripts that use the tool only sometimes (most restate the expression and write a
+guessed product), whose calls are sometimes flawed (malformed JSON, a wrong tool name or argument, a
+mistyped operand), and whose guesses are partly bisection and partly a habit that ignores the
+replies. GRPO has to find the better behaviours among π0's own samples.
 
 Items are {"seed": int}. Held-out items use seeds 0 .. n-1 (`heldout_items`); training items are
 drawn from [TRAIN_SEED_BASE, 2**31) (`training_items`), so the two never meet.
@@ -39,17 +39,27 @@ their own. Every message renders on its own, so environment replies are appends 
 
 CALCULATOR = "grpolab.agents.builtin:calculator"
 CALC_DIGITS = 3
-GUESS_N = 20
-GUESS_TURNS = 6
+GUESS_N = 8
+GUESS_TURNS = 4
 TRAIN_SEED_BASE = 10**6
 HELDOUT_ITEMS = 200
 
 
+WORDS = (
+    "<tool_call>", "</tool_call>", '{"name":"', '","arguments":{"', '":"', '"}}', "calculator", "expression",
+    "system", "user", "assistant", "tool", "tools: ", " * ", "What is ", "Guess my number between 1 and ",
+    ": I say higher, lower or correct. ", " guesses.", "higher", "lower", "correct", " to ", ", ", " = ",
+)
+"""Whole-word tokens of the demo's tokenizer: the chat template's and the tasks' fixed text and the
+call format's JSON, so a transcript is a few dozen tokens and only numbers are spelled digit by digit
+(the model copies operands into the call and the tool's result into its answer digit by digit)."""
+
+
 def chat_tokenizer():
-    """The character-level ChatML tokenizer (models/tiny_chat.py) with the demo's CHAT_TEMPLATE."""
+    """The character-level ChatML tokenizer (models/tiny_chat.py) with WORDS and the demo's CHAT_TEMPLATE."""
     from grpolab.models.tiny_chat import build_char_chat_tokenizer
 
-    return build_char_chat_tokenizer(CHAT_TEMPLATE)
+    return build_char_chat_tokenizer(CHAT_TEMPLATE, words=WORDS)
 
 
 def calculator_spec(digits: int = CALC_DIGITS) -> AgentSpec:
@@ -58,10 +68,10 @@ def calculator_spec(digits: int = CALC_DIGITS) -> AgentSpec:
                      tools=(CALCULATOR,), max_turns=3, max_episode_tokens=512, max_turn_tokens=96)
 
 
-def guess_spec(n: int = GUESS_N, turns: int = GUESS_TURNS, turn_cost: float = 0.0) -> AgentSpec:
+def guess_spec(n: int = GUESS_N, turns: int = GUESS_TURNS, turn_cost: float = 0.05) -> AgentSpec:
     """The multi-turn task: GuessNumber in [1, n] with `turns` guesses (the driver allows as many)."""
     return AgentSpec(environment="grpolab.agents.builtin:GuessNumber",
-                     environment_kwargs={"n": n, "max_turns": turns, "turn_cost": turn_cost},
+                     environment_kwargs={"n": n, "max_turns": turns, "turn_cost": turn_cost, "hint": True},
                      max_turns=turns, max_episode_tokens=512, max_turn_tokens=6)
 
 
@@ -114,9 +124,10 @@ def _flawed_call(a: int, b: int, rng: random.Random) -> str:
 class CalculatorScript:
     """π0's calculator transcripts, per item: with probability `tool` a correct call and then the
     tool's result as the answer; with `flawed` a flawed call (`_flawed_call`) and then the result if
-    the call gave a number, else a guessed number; otherwise a guessed (wrong) number at once."""
+    the call gave a number, else a guessed number; otherwise the expression restated with a guessed
+    (wrong) product ("913 * 753 = 687400")."""
 
-    def __init__(self, tool: float = 0.4, flawed: float = 0.15, salt: str = "calc"):
+    def __init__(self, tool: float = 0.3, flawed: float = 0.1, salt: str = "calc"):
         self.tool, self.flawed, self.salt = tool, flawed, salt
 
     def __call__(self, messages: list[dict[str, Any]], item: dict[str, int]) -> str:
@@ -131,7 +142,7 @@ class CalculatorScript:
             return tool_call_text("calculator", {"expression": f"{a} * {b}"})
         if choice < self.tool + self.flawed:
             return _flawed_call(a, b, rng)
-        return str(_guessed_product(a, b, rng))
+        return f"{a} * {b} = {_guessed_product(a, b, rng)}"
 
 
 def consistent_interval(messages: list[dict[str, Any]], n: int) -> tuple[int, int]:
@@ -141,29 +152,29 @@ def consistent_interval(messages: list[dict[str, Any]], n: int) -> tuple[int, in
         if guess_msg["role"] != "assistant" or reply["role"] != "user":
             continue
         guess = last_integer(guess_msg["content"])
-        if guess is not None and reply["content"] == "higher":
+        if guess is not None and reply["content"].startswith("higher"):
             lo = max(lo, guess + 1)
-        elif guess is not None and reply["content"] == "lower":
+        elif guess is not None and reply["content"].startswith("lower"):
             hi = min(hi, guess - 1)
     return lo, hi
 
 
 class GuessScript:
-    """π0's GuessNumber transcripts: each turn independently, with probability `bisect` the middle of
-    the interval the replies leave, with `consistent` a random number in it, otherwise a random number
-    in [1, n] that ignores the replies."""
+    """π0's GuessNumber transcripts (secrets in [1, n]): each guess, independently, with probability
+    `careful` the middle of the interval the replies leave (bisection: solved within log2(n) + 1
+    guesses), otherwise a habit that ignores the replies: the first guess at random, then one more
+    than the last guess (1 after n)."""
 
-    def __init__(self, bisect: float = 0.2, consistent: float = 0.2, salt: str = "guess"):
-        self.bisect, self.consistent, self.salt = bisect, consistent, salt
+    def __init__(self, careful: float = 0.4, n: int = GUESS_N, salt: str = "guess"):
+        self.careful, self.n, self.salt = careful, n, salt
 
     def __call__(self, messages: list[dict[str, Any]], item: dict[str, int]) -> str:
-        n = int(re.search(r"between 1 and (\d+)", messages[0]["content"]).group(1))
-        lo, hi = consistent_interval(messages, n)
+        lo, hi = consistent_interval(messages, self.n)
         rng = _rng(self.salt, item["seed"], len(messages))
-        x = rng.random()
-        if lo > hi or x >= self.bisect + self.consistent:
-            return str(rng.randint(1, n))
-        return str((lo + hi) // 2 if x < self.bisect else rng.randint(lo, hi))
+        if rng.random() < self.careful and lo <= hi:
+            return str((lo + hi) // 2)
+        last = last_integer(messages[-2]["content"]) if len(messages) > 1 else None
+        return str(rng.randint(1, self.n) if last is None else last % self.n + 1)
 
 
 def sft_transcripts(tokenizer, seed: int, calc_episodes: int, guess_episodes: int,
@@ -181,8 +192,8 @@ def sft_transcripts(tokenizer, seed: int, calc_episodes: int, guess_episodes: in
 
 
 PI0_MODEL = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "max_positions": 512}
-PI0_SFT = {"steps": 400, "batch_size": 16, "lr": 2e-3}
-PI0_DATA = {"calc_episodes": 3000, "guess_episodes": 1500}
+PI0_SFT = {"steps": 500, "batch_size": 16, "lr": 3e-3, "betas": (0.9, 0.95), "warmup_steps": 20}
+PI0_DATA = {"calc_episodes": 3600, "guess_episodes": 1500}
 
 
 def build_agent_pi0(seed: int, *, model_kwargs: dict | None = None, sft_kwargs: dict | None = None,

@@ -1,7 +1,8 @@
 """A character-level chat tokenizer with ChatML control tokens, for tiny local agent models (no download).
 
 Vocabulary: <pad>, <bos>, <|im_start|>, <|im_end|> (the EOS: the end of an assistant turn), then one
-token per printable ASCII character and "\\n", then the whole-word token "cannot". Two chat templates:
+token per printable ASCII character and "\\n", then whole-word tokens: "cannot" and any `words` given
+(each one token wherever it occurs; longer words win). Two chat templates:
 `SMOLLM2_TEMPLATE` (SmolLM2-135M-Instruct's, no tool support: tools then take the default format of
 grpolab.agents.toolcall) and `TOOLS_TEMPLATE` (Qwen2.5-like: the template renders `tools`, and tool
 results as a user <tool_response> turn).
@@ -39,14 +40,18 @@ TOOLS_TEMPLATE = (  # a Qwen2.5-like ChatML template with tools (tool results as
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"
 )
 
-def build_char_chat_tokenizer(template: str | None = SMOLLM2_TEMPLATE) -> PreTrainedTokenizerFast:
-    """The character-level ChatML tokenizer of the module docstring, with `template` as its chat template."""
+def build_char_chat_tokenizer(template: str | None = SMOLLM2_TEMPLATE,
+                              words: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+    """The character-level ChatML tokenizer of the module docstring, with `template` as its chat template
+    and `words` as whole-word tokens beside "cannot"."""
     chars = [c for c in string.printable if c not in "\r\x0b\x0c"]  # keeps "\n", "\t", " "
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
-    for tok in chars + [WORD]:
+    whole = sorted({WORD, *words}, key=lambda w: (-len(w), w))
+    for tok in chars + whole:
         vocab.setdefault(tok, len(vocab))
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk-not-in-vocab>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(re.escape(WORD) + r"|[\s\S]"), behavior="isolated")
+    pattern = "|".join(re.escape(w) for w in whole) + r"|[\s\S]"
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     backend.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>",
                                   eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>"],

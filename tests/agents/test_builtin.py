@@ -89,6 +89,16 @@ def test_guess_number_replies_and_reward():
     assert [s[1] for s in steps] == [None, None, None, 1.0] and [s[2] for s in steps] == [False, False, False, True]
 
 
+def test_guess_number_hint_names_the_interval_the_replies_leave():
+    env = GuessNumber(n=16, max_turns=6, hint=True)
+    env.reset({"secret": 11})
+    steps = _play(env, ["8", "14", "3", "no idea", "12", "11"])  # "3" and "12" ignore the hint: it stays
+    assert [s[0][0]["content"] for s in steps] == ["higher, 9 to 16", "lower, 9 to 13", "higher, 9 to 13",
+                                                   "Reply with a number.", "lower, 9 to 11", "correct"]
+    env.reset({"secret": 2})  # reset starts over from [1, n]
+    assert _play(env, ["4"])[0][0][0]["content"] == "lower, 1 to 3"
+
+
 def test_guess_number_out_of_turns_and_turn_cost():
     env = GuessNumber(max_turns=2)
     env.reset({"secret": 10})

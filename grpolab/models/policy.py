@@ -35,13 +35,20 @@ def prepare_policy(model, cfg):
 
             raise ConfigError(f"model.gradient_checkpointing=true: {type(model).__name__} does not support "
                               "transformers' gradient checkpointing")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = True  # generation keeps its KV cache; checkpointing acts in training forwards
+        if hasattr(model, "activation_checkpointing_enable"):  # the name transformers 5.x gives it
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if m.lora_rank > 0:
+        import torch
+
         from grpolab.models.lora import apply_lora
 
         targets = list(m.lora_targets) if m.lora_targets else None
         if targets == ["all-linear"]:
             targets = "all-linear"
-        model = apply_lora(model, r=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout, target_modules=targets)
+        with torch.random.fork_rng(devices=[]):  # the adapters' random init from train.seed, not from whatever
+            torch.manual_seed(cfg.train.seed)    # the process drew before (the Python API runs several in one)
+            model = apply_lora(model, r=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout,
+                               target_modules=targets)
     return model.to(m.device)

@@ -47,7 +47,7 @@ def test_checkpointing_on_two_ranks_changes_nothing(tmp_path, parallel, lora):
     plain = _train(tmp_path, tmp_path / "plain", False)
     ckpt = _train(tmp_path, tmp_path / "ckpt", True)
     assert _rows(plain) == _rows(ckpt)
-    weights = "checkpoints/step-2/model.safetensors" if lora else "final/model.safetensors"
+    weights = "final/adapter_model.safetensors" if lora else "final/model.safetensors"  # LoRA: the adapters
     a, b = load_file(plain / weights), load_file(ckpt / weights)
     assert a.keys() == b.keys() and a
     for k in a:

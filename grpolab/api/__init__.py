@@ -23,7 +23,8 @@ config (or what `make_config` takes) plus Python objects:
 - callbacks (`train`): objects with any of on_step_end / on_rollout / on_evaluate / on_save
   (grpolab.api.callbacks); one returning True stops the run as SIGTERM does (saved, resumable).
 
-`train`, `sft`, `train_rm`, `evaluate`, `export` and `pipeline` return dataclasses
+`train`, `sft` (top level: `grpolab.train_sft`, since `grpolab.sft` is the SFT package), `train_rm`,
+`evaluate`, `export` and `pipeline` return dataclasses
 (grpolab.api.results): run folder, metrics, the final model's folder. Errors are raised (ConfigError,
 ValueError, FileNotFoundError) with the message the command line prints.
 """
@@ -34,7 +35,8 @@ import importlib
 
 _EXPORTS = {
     "make_config": "grpolab.api.configs",
-    "train": "grpolab.api.runs", "sft": "grpolab.api.runs", "train_rm": "grpolab.api.runs",
+    "train": "grpolab.api.runs", "sft": "grpolab.api.runs", "train_sft": "grpolab.api.runs",
+    "train_rm": "grpolab.api.runs",
     "evaluate": "grpolab.api.runs", "export": "grpolab.api.runs", "pipeline": "grpolab.api.runs",
     "Callback": "grpolab.api.callbacks",
     "TrainResult": "grpolab.api.results", "SFTResult": "grpolab.api.results", "RMResult": "grpolab.api.results",

@@ -99,6 +99,10 @@ def sft(config: ConfigLike = None, overrides: Overrides = None, *, data: Any = N
     return _sft(cfg.replace(**{"loss.policy_loss": "sft"}), overwrite, policy, tokenizer)
 
 
+train_sft = sft
+"""`sft` under the name `grpolab.train_sft` (`grpolab.sft` is the SFT package once it is imported)."""
+
+
 def _sft(cfg: C.Config, overwrite: bool, policy: Any, tokenizer: Any) -> SFTResult:
     from grpolab.app.train import run_sft
 

@@ -91,3 +91,12 @@ def test_rows_and_a_reward_callable_as_python_objects(tmp_path, monkeypatch):
     assert source.startswith(f"jsonl:{tmp_path / 'cache'}") and len(Path(source[6:]).read_text().splitlines()) == 8
     with pytest.raises(ConfigError, match=r"data\[1\]"):
         grpolab.train("grpo", TINY, data=[{"prompt": "x"}, "not a dict"])
+
+
+def test_import_is_cheap_and_the_names_resolve():
+    code = ("import sys, grpolab; assert 'torch' not in sys.modules, 'torch imported'; "
+            "import grpolab.sft.sft, grpolab.api; assert grpolab.train_sft is grpolab.api.sft; "
+            "assert callable(grpolab.train) and grpolab.Callback and grpolab.evaluate and grpolab.export; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

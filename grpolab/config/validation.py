@@ -158,6 +158,9 @@ def _check_ranges(cfg) -> None:
             raise _err(f"{name}={v} must be ≥ 0")
     if cfg.run.eval_every < 0:
         raise _err(f"run.eval_every={cfg.run.eval_every} must be ≥ 0 (0 = no evaluation during training)")
+    if cfg.run.eval_every and cfg.train.parallel == "fsdp2":
+        raise _err("run.eval_every evaluates the policy in each rank's process, which train.parallel=fsdp2 shards; "
+                   "use ddp, or evaluate the checkpoints afterwards (grpolab eval)")
     if cfg.run.checkpoint_every < 0:
         raise _err(f"run.checkpoint_every={cfg.run.checkpoint_every} must be ≥ 0 (0 = only at the end)")
     if t.reward_timeout_s < 0:

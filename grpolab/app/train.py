@@ -4,31 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpolab.app.common import load_config, say
+from grpolab.app.common import say
 from grpolab.config import ConfigError
-from grpolab.parallel.launch import apply_threads
-
-
-def train_command(config: str, overrides: list[str], *, resume: bool = False, overwrite: bool = False) -> int:
-    """`grpolab train CONFIG [overrides] [--resume] [--overwrite]` in this process (one rank of it)."""
-    cfg = apply_threads(load_config(config, overrides))
-    if resume and overwrite:
-        raise ConfigError("--resume continues the run in run.out_dir and --overwrite moves it aside: choose one")
-    if resume:
-        cfg = cfg.replace(**{"run.resume": cfg.run.resume or "auto"})
-    if cfg.loss.policy_loss == "sft":
-        return sft_from_cfg(cfg, overwrite=overwrite)
-    return train_from_cfg(cfg, overwrite=overwrite)
-
-
-def sft_command(config: str, overrides: list[str], *, overwrite: bool = False) -> int:
-    """`grpolab sft [CONFIG] [overrides]`: the config (default: the sft preset) with loss.policy_loss=sft."""
-    cfg = apply_threads(load_config(config or "sft", overrides))
-    return sft_from_cfg(cfg.replace(**{"loss.policy_loss": "sft"}), overwrite=overwrite)
 
 
 def train_from_cfg(cfg, overwrite: bool = False) -> int:
     """`grpolab train` of a loaded config: run directory, resume (run.resume), the loop, final/."""
+    return run_grpo(cfg, overwrite)[0]
+
+
+def run_grpo(cfg, overwrite: bool = False, *, policy=None, tokenizer=None, prompts=None,
+             hooks: tuple = ()) -> tuple[int, Path]:
+    """`train_from_cfg` with Python objects (grpolab.api.train): a policy and its tokenizer instead of
+    model.name_or_path's, a prompt stream instead of data.source's, Setup hooks (callbacks) run before
+    the run directory's writers. Returns (exit code, run directory)."""
     from grpolab.parallel.launch import init_parallel
     from grpolab.report.progress import Progress
     from grpolab.rundir.checkpoint import resolve_resume, step_of
@@ -59,11 +48,16 @@ def train_from_cfg(cfg, overwrite: bool = False) -> int:
         write_config(cfg, run_dir)
     start = min(step_of(resume_from), cfg.train.steps) if resume_from is not None else 0
     progress = Progress(cfg.train.steps, enabled=cfg.run.progress and par.is_main, start_step=start)
-    setup = build_setup(cfg, progress=progress, parallel=par)
+    setup = build_setup(cfg, policy, tokenizer, prompts, progress=progress, parallel=par)
+    if cfg.run.eval_every:  # before the callbacks: on_evaluate and on_step_end see the eval/ figures
+        from grpolab.grpo.eval_hook import EvalHook
+
+        setup.services.hooks.append(EvalHook(setup))
+    setup.services.hooks.extend(hook.attach(setup) if hasattr(hook, "attach") else hook for hook in hooks)
     code = train_in_run_dir(setup, run_dir, resume_from)
     if par.is_main:
         print(f"run directory: {run_dir}")
-    return code
+    return code, run_dir
 
 
 def _on_rank0(par, fn):
@@ -88,6 +82,13 @@ def _print_sft_loss(i: int, loss: float) -> None:
 def sft_from_cfg(cfg, overwrite: bool = False) -> int:
     """`grpolab sft` of a loaded config: run directory, SFT (the built-in task's recipe, or data.source's
     pairs), final/."""
+    run_sft(cfg, overwrite)
+    return 0
+
+
+def run_sft(cfg, overwrite: bool = False, *, policy=None, tokenizer=None) -> tuple[Path, list[float]]:
+    """`sft_from_cfg` with a policy and its tokenizer instead of model.name_or_path's (grpolab.api.sft).
+    Returns (run directory, the loss per step)."""
     from grpolab.data.build import arith_task
     from grpolab.manifest import write_manifest
     from grpolab.rundir.rundir import make_run_dir, mark_finished, write_config
@@ -96,7 +97,7 @@ def sft_from_cfg(cfg, overwrite: bool = False) -> int:
 
     run_dir = make_run_dir(cfg, "sft", command="sft", overwrite=overwrite)
     write_config(cfg, run_dir)
-    model, tok = load_policy(cfg)
+    model, tok = load_policy(cfg) if policy is None else (policy, tokenizer)
     if cfg.data.source != "builtin:arith":
         from grpolab.data.build import source_options
         from grpolab.data.sft_pairs import load_sft_pairs
@@ -114,4 +115,4 @@ def sft_from_cfg(cfg, overwrite: bool = False) -> int:
     write_manifest(run_dir / "final")
     mark_finished(run_dir)
     print(f"final loss {losses[-1]:.4f}; run directory: {run_dir}")
-    return 0
+    return run_dir, list(losses)

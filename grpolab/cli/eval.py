@@ -33,12 +33,11 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from grpolab.app.common import load_config, say
-    from grpolab.evaluation.evaluate import evaluate_model, format_eval
-    from grpolab.parallel.launch import apply_threads
+    from grpolab.api.runs import evaluate
+    from grpolab.app.common import say
+    from grpolab.evaluation.evaluate import format_eval
 
-    cfg = apply_threads(load_config(args.config, args.overrides))
-    res = evaluate_model(args.model, cfg, samples=args.samples, best_of=args.best_of)
+    res = evaluate(args.model, args.config, args.overrides, samples=args.samples, best_of=args.best_of).metrics
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2))
     print(json.dumps({k: v for k, v in res.items() if k != "examples"}, indent=2))

@@ -25,10 +25,10 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from grpolab.rundir.export import export_run
+    from grpolab.api.runs import export
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr)
 
-    print(f"exported to {export_run(args.run_dir, args.out, args.step, overwrite=args.overwrite, say=say)}")
+    print(f"exported to {export(args.run_dir, args.out, step=args.step, overwrite=args.overwrite, say=say)}")
     return 0

@@ -29,10 +29,10 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from grpolab.app.pipeline import format_table, load_pipeline, run_pipeline
+    from grpolab.api.runs import pipeline
+    from grpolab.app.pipeline import format_table
 
-    p = load_pipeline(args.config, args.overrides)
-    payload = run_pipeline(p, redo=args.redo, report=not args.no_report, overwrite=args.overwrite)
-    print(format_table(payload))
-    print(f"pipeline directory: {p.out_dir}")
+    result = pipeline(args.config, args.overrides, redo=args.redo, report=not args.no_report, overwrite=args.overwrite)
+    print(format_table(result.payload))
+    print(f"pipeline directory: {result.out_dir}")
     return 0

@@ -19,10 +19,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     """Runs `grpolab rm`; bad input ends with one line naming the culprit (GRPOLAB_DEBUG=1: traceback)."""
-    from grpolab.app.rm import train
+    from grpolab.api.runs import train_rm
 
+    options = {k: v for k, v in vars(args).items()
+               if k not in ("command", "fn", "command_parser", "argv", "main", "data", "out", "base", "eval_data",
+                            "overwrite")}
     try:
-        return train(args)
+        train_rm(args.data, args.out, base=args.base, eval_data=args.eval_data, overwrite=args.overwrite, **options)
+        return 0
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         if os.environ.get("GRPOLAB_DEBUG"):
             raise

@@ -21,6 +21,7 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from grpolab.app.train import sft_command
+    from grpolab.api.runs import sft
 
-    return sft_command(args.config, args.overrides, overwrite=args.overwrite)
+    sft(args.config or "sft", args.overrides, overwrite=args.overwrite)
+    return 0

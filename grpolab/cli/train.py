@@ -52,12 +52,12 @@ def run(args) -> int:
 
 def _validate_for_ranks(args) -> int:
     """Loads and validates the config as each of the --nproc ranks will (ConfigError naming the field)."""
-    from grpolab.app.common import load_config
+    from grpolab.api.configs import make_config
 
     saved = os.environ.get("WORLD_SIZE")
     os.environ["WORLD_SIZE"] = str(args.nproc)
     try:
-        load_config(args.config, args.overrides).validate()
+        make_config(args.config, args.overrides)
     finally:
         if saved is None:
             os.environ.pop("WORLD_SIZE", None)
@@ -67,9 +67,9 @@ def _validate_for_ranks(args) -> int:
 
 
 def _here(args) -> int:
-    from grpolab.app.train import train_command
+    from grpolab.api.runs import train
 
-    return train_command(args.config, args.overrides, resume=args.resume, overwrite=args.overwrite)
+    return train(args.config, args.overrides, resume=args.resume, overwrite=args.overwrite).exit_code
 
 
 def _on_ray(args) -> int:

@@ -10,8 +10,9 @@ class DataConfig:
     """Where prompts come from, and the held-out split."""
 
     source: str = "builtin:arith"
-    """Prompt source: 'builtin:arith', 'jsonl:PATH', 'hf:PATH' (local datasets files), 'rg:TASK' (reasoning-gym)
-    or 'builtin:seeds' (items {"seed": k} for an environment that builds its episode from a seed; held out:
+    """Prompt source: 'builtin:arith', 'jsonl:PATH', 'hf:PATH' (local datasets files), 'hf:org/name' (a hub
+    dataset in the Hugging Face cache; HF_HUB_OFFLINE=1 honoured), 'rg:TASK' (reasoning-gym) or
+    'builtin:seeds' (items {"seed": k} for an environment that builds its episode from a seed; held out:
     seeds 0 .. data.eval_prompts-1, never trained on)."""
     eval_prompts: int = 256
     """Held-out prompts for evaluation (never trained on)."""

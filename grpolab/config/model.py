@@ -27,7 +27,18 @@ class ModelConfig:
     lora_rank: int = 0
     """LoRA rank through PEFT; 0 = full fine-tune. With LoRA the reference is the base with adapters off."""
     lora_alpha: float = 16.0
-    """LoRA scaling alpha."""
+    """LoRA scaling alpha (PEFT's `lora_alpha`): the adapters' update is scaled by lora_alpha / lora_rank."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA adapters' input (PEFT's `lora_dropout`), in [0, 1). Non-zero makes Phase B's
+    forward random, so π_old's log-probs no longer equal the first minibatch's exactly."""
+    lora_targets: tuple[str, ...] = ()
+    """Module names that get adapters (PEFT's `target_modules`), e.g. [q_proj, k_proj, v_proj, o_proj];
+    [all-linear]: every linear layer but the output head; empty: PEFT's default for the architecture
+    (q_proj and v_proj for Llama / Qwen2). A name no module has is an error naming this field."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (transformers' `gradient_checkpointing_enable`, non-reentrant): less memory in Phase B for about
+    one more forward of compute; the gradients are the same. Works with LoRA, DDP and FSDP2."""
     compile: bool | str = "auto"
     """torch.compile the log-prob forwards: the policy's training forward (Phase B) and the no-grad
     π_old / π_ref passes of Phase A (a LoRA reference stays eager), per model.compile_scope. Shapes

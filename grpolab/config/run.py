@@ -19,6 +19,10 @@ class RunConfig:
     """Continue from a checkpoint: '' = start fresh; 'auto' = the latest complete checkpoint in
     out_dir/checkpoints (a fresh start if there is none; `grpolab train ... --resume` sets this);
     or a path: a step-N checkpoint folder, or a run folder (its latest checkpoint)."""
+    eval_every: int = 0
+    """Every N steps (and after the last), evaluate the policy greedily on the held-out prompts (data.eval_source,
+    or the built-in task's held-out split; data.eval_prompts of them) by the rewards, as `grpolab eval` does; the
+    metrics row gets them as eval/KEY (grpolab.api callbacks: on_evaluate). 0 = off."""
     samples_every: int = 1
     """Write the step's groups to samples.jsonl every N steps."""
     tensorboard: bool = True

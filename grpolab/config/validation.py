@@ -156,6 +156,11 @@ def _check_ranges(cfg) -> None:
     for name, v in nonneg.items():
         if v < 0:
             raise _err(f"{name}={v} must be ≥ 0")
+    if cfg.run.eval_every < 0:
+        raise _err(f"run.eval_every={cfg.run.eval_every} must be ≥ 0 (0 = no evaluation during training)")
+    if cfg.run.eval_every and cfg.train.parallel == "fsdp2":
+        raise _err("run.eval_every evaluates the policy in each rank's process, which train.parallel=fsdp2 shards; "
+                   "use ddp, or evaluate the checkpoints afterwards (grpolab eval)")
     if cfg.run.checkpoint_every < 0:
         raise _err(f"run.checkpoint_every={cfg.run.checkpoint_every} must be ≥ 0 (0 = only at the end)")
     if t.reward_timeout_s < 0:
@@ -361,6 +366,23 @@ def _check_finite(node, where: str = "") -> None:
         raise _err(f"{where}={node}: expected a finite number")
 
 
+def _check_lora(cfg) -> None:
+    """PEFT's LoRA options: alpha > 0, dropout in [0, 1), target names that can name modules."""
+    m = cfg.model
+    if m.lora_alpha <= 0:
+        raise _err(f"model.lora_alpha={m.lora_alpha} must be > 0")
+    if not 0.0 <= m.lora_dropout < 1.0:
+        raise _err(f"model.lora_dropout={m.lora_dropout} must be in [0, 1)")
+    bad = [t for t in m.lora_targets if not t or any(c.isspace() for c in t)]
+    if bad:
+        raise _err(f"model.lora_targets={list(m.lora_targets)}: {bad[0]!r} is not a module name (e.g. q_proj)")
+    if "all-linear" in m.lora_targets and len(m.lora_targets) > 1:
+        raise _err("model.lora_targets: all-linear stands alone (every linear layer but the output head)")
+    if (m.lora_targets or m.lora_dropout) and m.lora_rank == 0:
+        raise _err("model.lora_targets / model.lora_dropout set but model.lora_rank=0 (no LoRA): set "
+                   "model.lora_rank=8, say")
+
+
 def validate_config(cfg) -> None:
     """Raises ConfigError naming the field and the fix for an impossible setting."""
     _check_finite(cfg)
@@ -373,4 +395,5 @@ def validate_config(cfg) -> None:
     _check_workers(cfg)
     _check_episodes(cfg)
     _check_rm_refresh(cfg)
+    _check_lora(cfg)
     _check_outputs(cfg)

@@ -207,13 +207,42 @@ def open_local_dataset(path: Path, split: str, cache_dir: str | None) -> Any:
         raise ValueError(f"dataset {path} (split {split!r}): {e}") from None
 
 
+def _is_repo_id(text: str) -> bool:
+    """'org/name': one slash, neither part empty or a path step (not ./x, ../x, /x, ~/x)."""
+    org, sep, name = text.partition("/")
+    return bool(sep and org and name and "/" not in name and org not in (".", "..", "~") and not text.startswith("/"))
+
+
+def hub_dataset_folder(repo_id: str) -> Path:
+    """The local snapshot of hub dataset `repo_id` in the Hugging Face cache (HF_HOME / HF_HUB_CACHE), as
+    `datasets.load_dataset` downloaded it; fetched when missing unless HF_HUB_OFFLINE=1. FileNotFoundError
+    naming the id when it is neither cached nor reachable."""
+    require("huggingface_hub", "tasks")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, repo_type="dataset"))
+    except LocalEntryNotFoundError:
+        raise FileNotFoundError(f"dataset {repo_id!r}: no such local file or folder, not in the Hugging Face cache "
+                                "(HF_HOME / HF_HUB_CACHE), and the hub cannot be reached (HF_HUB_OFFLINE=1 or no "
+                                "network); download it where there is a network, or give a local path") from None
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        raise FileNotFoundError(f"dataset {repo_id!r}: cannot be fetched from the Hugging Face hub "
+                                f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+
+
 def dataset_rows(path: Path, split: str = "train", cache_dir: str | None = None):
-    """("PATH[split] row I", row) for each row of a LOCAL dataset (see `load_hf_dataset`)."""
-    if not path.exists():
-        raise FileNotFoundError(f"dataset {str(path)!r} not found locally (only local files and folders are "
-                                "read; nothing is downloaded from the Hub)")
+    """("PATH[split] row I", row) for each row of a local dataset (see `load_hf_dataset`), or of hub dataset
+    'org/name' from the Hugging Face cache (`hub_dataset_folder`) when no local path has that name."""
+    where = path
+    if not path.exists() and _is_repo_id(str(path)):
+        path = hub_dataset_folder(str(path))
+    elif not path.exists():
+        raise FileNotFoundError(f"dataset {str(path)!r} not found locally (a file, a folder, or a hub id org/name "
+                                "in the Hugging Face cache)")
     for i, row in enumerate(open_local_dataset(path, split, cache_dir)):
-        yield f"{path}[{split}] row {i}", row
+        yield f"{where}[{split}] row {i}", row
 
 
 def load_hf_dataset(
@@ -228,8 +257,9 @@ def load_hf_dataset(
     max_prompt_tokens: int | None = None,
     cache_dir: str | None = None,
 ) -> list[PromptItem]:
-    """Prompts from a LOCAL dataset via `datasets`: a .json/.jsonl/.parquet/.arrow/.csv file, a
-    folder of such files, or a folder written by `save_to_disk`. The Hub is never used.
+    """Prompts from a dataset via `datasets`: a .json/.jsonl/.parquet/.arrow/.csv file, a folder of such
+    files, a folder written by `save_to_disk`, or a hub id 'org/name' already in the Hugging Face cache
+    (`hub_dataset_folder`; HF_HUB_OFFLINE=1 keeps it offline).
 
     A single file holds one split, "train". Rows follow the same rules as `load_jsonl`.
     """

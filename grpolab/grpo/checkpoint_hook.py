@@ -49,6 +49,9 @@ class CheckpointHook:
         self.saved_step = self.done
         if s.services.progress is not None:
             s.services.progress.log(f"saved checkpoint {self.last}")
+        for other in s.services.hooks:  # a hook with an on_save method hears of it (grpolab.api.callbacks)
+            if other is not self and hasattr(other, "on_save"):
+                other.on_save(self.done, self.last)
         return self.last
 
     def _mark_boundary(self) -> None:

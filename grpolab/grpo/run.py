@@ -184,13 +184,15 @@ def train_in_run_dir(setup, run_dir: Path, resume_from: Path | None = None, resu
         if setup.services.progress is not None:
             setup.services.progress.close()
     signum = int(par.reduce_floats([], [], [float(stop.signum if stop.requested else 0)])[2][0])  # any rank's
-    if signum:
+    asked = par.any(bool(stop.reason))  # a callback asked (grpolab.api.callbacks): the signal's path, exit code 0
+    if signum or asked:
         if hook.saved_step != hook.done:  # the signal came after the step's hook had looked
             hook.save()
         if par.is_main:
-            print(f"grpolab: stopped by {signal.Signals(signum).name} after {hook.done} of {setup.cfg.train.steps} "
+            by = signal.Signals(signum).name if signum else (stop.reason or "a callback on another rank")
+            print(f"grpolab: stopped by {by} after {hook.done} of {setup.cfg.train.steps} "
                   f"steps; checkpoint {hook.last}. Continue with {resume_hint}.", file=sys.stderr)
-        return 128 + signum
+        return 128 + signum if signum else 0
     save_final(setup, run_dir / "final")
     if par.is_main and setup.services.rm_refresh is not None:  # the refreshed reward models, as RM folders
         setup.services.rm_refresh.export(run_dir / "reward_models_refreshed")

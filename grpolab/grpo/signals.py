@@ -28,6 +28,8 @@ class StopSignal:
     def __init__(self, stream: TextIO | None = None):
         self.requested = False
         self.signum, self.signame = 0, ""
+        self.reason = ""
+        """Set by `request`: what asked for the stop in code (a callback), not a signal."""
         self.stream = stream
         self._previous: dict[int, object] = {}
 
@@ -38,6 +40,14 @@ class StopSignal:
         self.requested, self.signum, self.signame = True, signum, name
         print(f"grpolab: got {name}; finishing the current step, then saving a checkpoint and exiting "
               f"(send it again to stop at once)", file=self.stream or sys.stderr, flush=True)
+
+    def request(self, reason: str) -> None:
+        """A stop asked for in code (a callback, grpolab.api.callbacks): the same path as a signal, the
+        step finished, a checkpoint saved, the run resumable; `reason` names the asker in the last line."""
+        if not self.requested:
+            print(f"grpolab: {reason} asked to stop; finishing the current step, then saving a checkpoint",
+                  file=self.stream or sys.stderr, flush=True)
+        self.requested, self.reason = True, self.reason or reason
 
     def __enter__(self) -> Self:
         _ACTIVE.append(self)

@@ -51,7 +51,7 @@ def apply_lora(
     try:
         return peft.get_peft_model(model, config)
     except ValueError as e:
-        raise ValueError(f"lora.target_modules={target_modules!r}: {e}") from e
+        raise ValueError(f"model.lora_targets={target_modules!r} (PEFT's target_modules): {e}") from e
 
 
 def _check_peft(model: Any, what: str) -> None:

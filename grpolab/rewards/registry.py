@@ -79,17 +79,18 @@ def _entries() -> dict[str, RewardEntry]:
     return {**builtin_rewards(), **_REGISTERED}
 
 
-def register_reward(name: str, *, verifier: bool | None = None):
+def register_reward(name: str, *, verifier: bool | None = None, replace: bool = False):
     """Class/function decorator: makes a reward factory buildable by `name` from the config.
 
     verifier: whether the reward checks correctness (see the module docstring); None leaves it to
-    the built reward's `verifier` attribute (default False).
+    the built reward's `verifier` attribute (default False). replace: a registered (never a built-in)
+    name takes the new factory (the Python API's rewards: a function defined again in a notebook).
     """
     if ":" in name:
         raise ValueError(f"reward name {name!r}: ':' is reserved for 'module:attr' names")
 
     def deco(factory):
-        if name in _entries():
+        if name in builtin_rewards() or (name in _REGISTERED and not replace):
             raise ValueError(f"reward {name!r} is registered twice")
         _REGISTERED[name] = RewardEntry(factory, verifier)
         return factory

@@ -81,5 +81,8 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None, *,
     tokenizer.save_pretrained(out)
     if getattr(policy, "generation_config", None) is not None:
         policy.generation_config.save_pretrained(out)
+    from grpolab.models.serving import make_servable
+
+    make_servable(policy, tokenizer, out, say)  # AutoTokenizer loads what was trained with
     mark_finished(out)
     return out

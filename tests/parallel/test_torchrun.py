@@ -106,6 +106,8 @@ def test_a_killed_rank_resumes_exactly_and_the_checkpoint_resumes_in_one_process
 
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "full/final")  # gathered from the shards
     exported = AutoModelForCausalLM.from_pretrained(export_run(tmp_path / "full", tmp_path / "export", step=STEPS))
-    assert final.state_dict().keys() == exported.state_dict().keys()
+    extra = exported.state_dict().keys() - final.state_dict().keys()  # written as the equivalent Llama:
+    assert final.state_dict().keys() <= exported.state_dict().keys()  # o_proj biases, zero (models/serving.py)
+    assert all(k.endswith("o_proj.bias") and not exported.state_dict()[k].any() for k in extra)
     for name, weight in final.state_dict().items():  # the last checkpoint (DCP) holds the final weights
         torch.testing.assert_close(exported.state_dict()[name], weight, rtol=0, atol=0)

@@ -145,6 +145,8 @@ def _check_ranges(cfg) -> None:
         "sft.microbatch_size": cfg.sft.microbatch_size, "train.max_skipped_steps": t.max_skipped_steps,
         "sft.probe_every": cfg.sft.probe_every, "sft.probe_prompts": cfg.sft.probe_prompts,
         "run.keep_checkpoints": cfg.run.keep_checkpoints,
+        **{k: v for k, v in (("sft.examples", cfg.sft.examples), ("data.eval_prompts", cfg.data.eval_prompts))
+           if v is not None},
     }
     for name, v in positive.items():
         if v < 1:

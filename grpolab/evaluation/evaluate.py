@@ -81,20 +81,20 @@ def evaluate_task(model, engine: HFEngine, items, rewards, samples: int = 0, gen
 
 
 def eval_items(cfg, tokenizer) -> list:
-    """The held-out prompts: data.eval_source (its first data.eval_prompts), or builtin:arith's split, or
+    """The held-out prompts: data.eval_source (every row, or its first data.eval_prompts), or builtin:arith's split, or
     builtin:seeds' held-out seeds."""
     from grpolab.config import ConfigError
-    from grpolab.data.build import arith_eval_items, prompt_stream
+    from grpolab.data.build import arith_eval_items, capped, prompt_stream
 
     if cfg.data.eval_source:
         stream = prompt_stream(cfg.replace(**{"data.source": cfg.data.eval_source}), tokenizer)
-        return list(stream.items)[: cfg.data.eval_prompts]
+        return capped(list(stream.items), cfg.data.eval_prompts, "data.eval_prompts")
     if cfg.data.source == "builtin:arith":
         return arith_eval_items(cfg)
     if cfg.data.source == "builtin:seeds":
         from grpolab.data.stream import held_out_seeds
 
-        return held_out_seeds(cfg.data.eval_prompts)
+        return held_out_seeds(cfg.data.builtin_eval_prompts)
     raise ConfigError(f"data.eval_source: the held-out prompts of data.source={cfg.data.source!r} are needed for "
                       "grpolab eval (e.g. data.eval_source=jsonl:heldout.jsonl); training prompts are not held out")
 

@@ -363,6 +363,16 @@ def _check_finite(node, where: str = "") -> None:
         raise _err(f"{where}={node}: expected a finite number")
 
 
+def check_eval(cfg) -> None:
+    """The `eval:` section alone (the pipeline checks its own eval: with it)."""
+    fields = cfg.eval.group_fields
+    for f in fields:
+        if not f.strip() or f != f.strip():
+            raise _err(f"eval.group_by: {f!r} is not a field name (a data column, e.g. kind)")
+    if len(set(fields)) < len(fields):
+        raise _err(f"eval.group_by: {list(fields)} names a field twice")
+
+
 def validate_config(cfg) -> None:
     """Raises ConfigError naming the field and the fix for an impossible setting."""
     _check_finite(cfg)
@@ -376,3 +386,4 @@ def validate_config(cfg) -> None:
     _check_episodes(cfg)
     _check_rm_refresh(cfg)
     _check_outputs(cfg)
+    check_eval(cfg)

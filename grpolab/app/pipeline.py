@@ -234,12 +234,22 @@ def _finished(path: Path) -> bool:
     return read_run(path).get("status") == "finished"
 
 
+def sft_config(p: Pipeline) -> C.Config:
+    """The SFT stage's config as `grpolab sft` runs it (loss.policy_loss=sft, run.out_dir OUT/sft)."""
+    return p.sft.replace(**{"loss.policy_loss": "sft", "run.out_dir": str(p.sft_dir)})
+
+
+def rm_args(p: Pipeline, name: str):
+    """The reward-model stage `name`'s `grpolab rm` options, parsed (argparse.Namespace)."""
+    return _rm_parser().parse_args(_rm_argv(p, name, p.reward_models[name]))
+
+
 def _sft_stage(p: Pipeline, book: Book, eval_cfg: C.Config) -> None:
     from grpolab.app.train import sft_from_cfg
     from grpolab.rundir.rundir import holds_run
     from grpolab.parallel.launch import apply_threads
 
-    cfg = p.sft.replace(**{"loss.policy_loss": "sft", "run.out_dir": str(p.sft_dir)})
+    cfg = sft_config(p)
     spec = dump_yaml(cfg)
 
     def run():

@@ -24,4 +24,5 @@ from grpolab.config.train import TrainConfig
 from grpolab.errors import ConfigError
 
 __all__ = ["Config", "ConfigError", "DataConfig", "EnvironmentConfig", "EvalConfig", "LossConfig", "ModelConfig",
-           "PRESETS", "RMRefreshConfig", "RewardSpec", "RolloutConfig", "RunConfig", "SFTConfig", "TrainConfig", "dump", "from_preset", "load"]
+           "PRESETS", "RMRefreshConfig", "RewardSpec", "RolloutConfig", "RunConfig", "SFTConfig", "TrainConfig",
+           "dump", "from_preset", "load"]

@@ -58,7 +58,8 @@ def export_builtin(cfg, out: Path, *, prompts: int, pairs: int, heldout_pairs: i
     out.mkdir(parents=True, exist_ok=True)
     task, sc, seed = arith_task(cfg), cfg.sft, cfg.train.seed
     sft = task.sft_examples(random.Random(seed), sc.examples or BUILTIN_SFT_EXAMPLES,
-                            refusal_examples=sc.refusal_examples, answer_noise=sc.answer_noise, refusal_kinds=sc.refusal_kinds or None)
+                            refusal_examples=sc.refusal_examples, answer_noise=sc.answer_noise,
+                            refusal_kinds=sc.refusal_kinds or None)
     files = {
         "sft": _write_jsonl(out / "sft.jsonl", ({"prompt": p, "response": c} for p, c in sft)),
         "prompts": _write_jsonl(out / "prompts.jsonl",

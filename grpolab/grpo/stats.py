@@ -28,7 +28,8 @@ def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "
     skip_group (its rows become NaN: abstain). The count of errors is kept in st, and so are the
     names of the verifier rewards, in config order (the candidates of the `accuracy` metric).
     Each row's metadata: its prompt's meta, `truncated`, `completion_tokens` (generated tokens,
-    EOS included), `completion_ids` (those tokens' ids, a list) and, when given, `max_new_tokens` (rollout.max_new_tokens; rewards/shaping.py).
+    EOS included), `completion_ids` (those tokens' ids, a list) and, when given, `max_new_tokens`
+    (rollout.max_new_tokens; rewards/shaping.py).
     pool: a `rewards.pool.RewardPool` scoring on Ray reward workers (None = in this process).
     prompts: [N] the prompt of each row (default: each item's prompt). row_meta: [N] more metadata
     per row, over the rest (agent episodes: grpo.episodes.scoring_inputs').

@@ -108,8 +108,9 @@ def sft_builtin(model, tokenizer, task, cfg, say: Callable[[str], None] = print)
     from grpolab.evaluation.evaluate import evaluate_arith
 
     sc, seed = cfg.sft, cfg.train.seed
-    pairs = task.sft_examples(random.Random(seed), sc.examples or BUILTIN_SFT_EXAMPLES, refusal_examples=sc.refusal_examples,
-                              answer_noise=sc.answer_noise, refusal_kinds=sc.refusal_kinds or None)
+    pairs = task.sft_examples(random.Random(seed), sc.examples or BUILTIN_SFT_EXAMPLES,
+                              refusal_examples=sc.refusal_examples, answer_noise=sc.answer_noise,
+                              refusal_kinds=sc.refusal_kinds or None)
     say(f"[sft] {len(pairs)} examples ({sc.refusal_examples} refusals), at most {sc.steps} steps")
     t = time.perf_counter()
     on_step = progress_printer(sc.steps, say)

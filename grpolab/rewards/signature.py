@@ -8,8 +8,8 @@
   completions, `completion_ids` the N completions' token ids, and each metadata field as a keyword
   argument holding one value per row (None where a row lacks the field), e.g. `answer=[...]`.
 
-`reward_style(fn)` decides from `inspect.signature`: a parameter named `metadata` -> grpolab's; a
-`**kwargs`, a keyword-only parameter or one named `completion_ids` -> TRL's; else grpolab's when the
+`reward_style(fn)` decides from `inspect.signature`: a parameter named `metadata`, or `*args` (a
+wrapper's `(*args, **kwargs)`) -> grpolab's; a `**kwargs`, a keyword-only parameter or one named `completion_ids` -> TRL's; else grpolab's when the
 function takes three positional arguments, the third without a default, TRL's when every parameter
 can be passed by keyword (only the keywords it names are passed then); anything else is a ConfigError naming the reward.
 `KeywordReward` adapts a TRL-style function to the positional protocol the trainer calls.
@@ -48,6 +48,9 @@ def reward_style(fn: Callable[..., Any], name: str) -> str:
     names = {p.name for p in params}
     kinds = {p.kind for p in params}
     if "metadata" in names:
+        return POSITIONAL
+    if inspect.Parameter.VAR_POSITIONAL in kinds and inspect.Parameter.KEYWORD_ONLY not in kinds \
+            and "completion_ids" not in names:  # e.g. a wrapper's (*args, **kwargs): TRL passes no positionals
         return POSITIONAL
     if inspect.Parameter.VAR_KEYWORD in kinds or inspect.Parameter.KEYWORD_ONLY in kinds or "completion_ids" in names:
         if inspect.Parameter.POSITIONAL_ONLY in kinds:

@@ -66,3 +66,12 @@ def test_sft_uses_every_row_unless_capped_and_says_a_cap(tmp_path, capsys):
     got = capsys.readouterr()
     assert "[sft] 4 examples" in got.out
     assert "sft.examples=4 keeps the first 4 of the 10 rows (6 unused); sft.examples=null uses them all" in got.err
+
+
+def test_a_reward_model_run_that_fails_says_so(tmp_path, capsys):
+    bad = tmp_path / "pairs.jsonl"
+    bad.write_text('{"prompt": "1+1=", "chosen": "2"}\n')
+    assert cli.main(["rm", "--data", str(bad), "--out", str(tmp_path / "rm")]) == 2
+    assert "rejected" in capsys.readouterr().err
+    info = read_run(tmp_path / "rm")
+    assert info["status"] == "failed" and info["command"] == "rm" and "rejected" in info["error"]

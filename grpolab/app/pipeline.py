@@ -1,11 +1,13 @@
 """`grpolab pipeline CONFIG`: the whole pipeline from one YAML file.
 
     sft             grpolab sft on the `sft:` config                       -> OUT/sft/final
+                    then, when there are held-out prompts, its greedy evaluation  -> OUT/sft/eval.json
     reward_models   grpolab rm per entry, each on its own preference data  -> OUT/rm-<name>/
     grpo            grpolab train on the `grpo:` config, starting from the SFT model, rewarded by
                     its own rewards (e.g. verifiers) plus each reward model × its weight  -> OUT/grpo/
     eval            the GRPO config's held-out prompts, scored by `eval.rewards` (default: the GRPO
                     rewards), for the starting model (π0) and the final policy   -> OUT/eval.json
+                    (per value of each `eval.group_by` field), every completion -> OUT/completions.jsonl
     report          OUT/grpo/report.html
 
 The file:
@@ -13,9 +15,9 @@ The file:
     out_dir: runs/my-pipeline
     sft: {preset: sft, model: ..., data: {source: jsonl:sft.jsonl}, sft: {steps: 300}}   # optional
     reward_models:                                                                      # optional
-      accuracy: {data: acc.jsonl, eval_data: acc_heldout.jsonl, base: sft, steps: 300, weight: 1.0}
+      accuracy: {data: acc.jsonl, eval_data: acc_heldout.jsonl, steps: 300, lr: 1.0e-4, weight: 1.0}
     grpo: {preset: grpo, data: {source: jsonl:prompts.jsonl, eval_source: jsonl:heldout.jsonl}, ...}
-    eval: {samples: 4, rewards: [exact_match]}                                          # optional
+    eval: {samples: 4, rewards: [exact_match], group_by: kind}                          # optional
 
 `sft:` and `grpo:` are grpolab configs (the sections of `grpolab config`); a reward model entry
 takes `grpolab rm`'s options (`--lm-coef` is `lm_coef`), `weight` and `normalize` (the reward_model

@@ -371,6 +371,8 @@ def check_eval(cfg) -> None:
             raise _err(f"eval.group_by: {f!r} is not a field name (a data column, e.g. kind)")
     if len(set(fields)) < len(fields):
         raise _err(f"eval.group_by: {list(fields)} names a field twice")
+    if fields and cfg.episodes:
+        raise _err("eval.group_by: an agent run's episodes are not broken down by a field (yet); leave it empty")
 
 
 def validate_config(cfg) -> None:

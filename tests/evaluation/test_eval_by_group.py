@@ -63,6 +63,9 @@ def test_eval_group_by_is_validated():
     with pytest.raises(ConfigError, match="eval.group_by: \\['kind', 'kind'\\] names a field twice"):
         C.from_preset("grpo", ["eval.group_by=[kind, kind]"])
     assert C.from_preset("grpo", ["eval.group_by=kind"]).eval.group_fields == ("kind",)
+    agent = ["environment.name=grpolab.agents.builtin:GuessNumber", "data.source=builtin:seeds", "rewards=[]"]
+    with pytest.raises(ConfigError, match="eval.group_by: an agent run's episodes are not broken down"):
+        C.from_preset("grpo", [*agent, "eval.group_by=kind"])
 
 
 def test_held_out_rows_are_all_used_unless_capped(heldout, capsys):

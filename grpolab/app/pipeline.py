@@ -445,16 +445,19 @@ def run_pipeline(p: Pipeline, redo: str = "", report: bool = True, overwrite: bo
 
 
 def format_table(payload: dict) -> str:
-    """π0 vs final for every float metric of the evaluation."""
+    """π0 vs final for every float metric of the evaluation, then per eval.group_by value."""
     before, after = payload.get("pi0", {}), payload["final"]
-    lines = [f"{'held-out metric':<36}{'π0':>9}{'final':>9}{'change':>9}"]
-    for part in ("greedy", "sampled"):
-        for k, v in after.get(part, {}).items():
-            if not isinstance(v, float):
-                continue
-            b = before.get(part, {}).get(k)
-            cells = f"{b:>9.3f}{v:>9.3f}{v - b:>+9.3f}" if isinstance(b, float) else f"{'':>9}{v:>9.3f}"
-            lines.append(f"{part + ' ' + k:<36}{cells}")
+    groups = [("", before, after)] + [
+        (f"{field}={value} ", before.get("by", {}).get(field, {}).get(value, {}), m)
+        for field, values in after.get("by", {}).items() for value, m in values.items()]
+    rows = [(prefix + part + " " + k, b_part.get(part, {}).get(k), v) for prefix, b_part, a_part in groups
+            for part in ("greedy", "sampled") for k, v in a_part.get(part, {}).items()
+            if isinstance(v, float) and v == v]  # NaN: no row of the group was scored
+    width = max([36] + [len(name) + 2 for name, _, _ in rows])
+    lines = [f"{'held-out metric':<{width}}{'π0':>9}{'final':>9}{'change':>9}"]
+    for name, b, v in rows:
+        cells = f"{b:>9.3f}{v:>9.3f}{v - b:>+9.3f}" if isinstance(b, float) else f"{'':>9}{v:>9.3f}"
+        lines.append(f"{name:<{width}}{cells}")
     for name, acc in payload.get("reward_models", {}).items():
         if acc is not None:
             lines.append(f"reward model {name}: held-out pair accuracy {acc:.3f}")

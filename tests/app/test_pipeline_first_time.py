@@ -118,6 +118,8 @@ def test_a_pipeline_of_ones_own_runs_first_time_and_shows_each_category(folder, 
     assert [r["model"] for r in records] == ["pi0"] * HELDOUT + ["final"] * HELDOUT
     final = [r for r in records if r["model"] == "final"]
     assert set(final[0]["scores"]) == {"exact_match", "refusal"} and "completion" in final[0]
+    table = [line for line in captured.out.splitlines() if line.startswith("kind=")]  # the printed table, per kind
+    assert {line.split()[0][5:] for line in table} == set(payload["final"]["by"]["kind"])
     for kind, group in payload["final"]["by"]["kind"].items():
         mine = [r for r in final if r["meta"]["kind"] == kind]
         refusal = [r["scores"]["refusal"] for r in mine if r["scores"]["refusal"] is not None]

@@ -270,11 +270,17 @@ def has_heldout(cfg: C.Config) -> bool:
 
 
 def _sft_eval(p: Pipeline, cfg: C.Config) -> None:
-    """The SFT model on the held-out prompts, greedy, by the evaluation's rewards: OUT/sft/eval.json and
-    completions.jsonl, and the table on stderr."""
+    """The SFT model on the held-out prompts, greedy, by the evaluation's rewards but the reward models
+    this pipeline trains later: OUT/sft/eval.json and completions.jsonl, and the table on stderr."""
     from grpolab.evaluation.evaluate import evaluate_model, format_eval, write_completions
     from grpolab.rundir.rundir import write_eval
 
+    later = {str(p.rm_dir(name)) for name in p.reward_models}
+    rewards = [dataclasses.asdict(r) for r in cfg.rewards if str(r.kwargs.get("path", "")) not in later]
+    if not rewards:
+        _say("[pipeline] sft: no held-out evaluation (every evaluation reward is a reward model trained later)")
+        return
+    cfg = cfg.replace(rewards=rewards)
     _say(f"[pipeline] sft: held-out evaluation of {p.sft_dir / 'final'}")
     res = evaluate_model(p.sft_dir / "final", cfg)
     write_completions(p.sft_dir / "completions.jsonl", res.pop("completions", []), model="sft")

@@ -125,3 +125,11 @@ def test_a_pipeline_of_ones_own_runs_first_time_and_shows_each_category(folder, 
         refusal = [r["scores"]["refusal"] for r in mine if r["scores"]["refusal"] is not None]
         if refusal:  # the per-kind figure is the mean of that kind's rows in completions.jsonl
             assert group["greedy"]["reward/refusal"] == pytest.approx(sum(refusal) / len(refusal))
+
+
+def test_the_sft_evaluation_leaves_out_the_reward_models_trained_later(folder):
+    assert cli.main(["pipeline", "p.yaml", "--no-report", "eval.rewards=null", "eval.group_by=[]"]) == 0
+    sft = json.loads((folder / "out" / "sft" / "eval.json").read_text())["greedy"]
+    final = json.loads((folder / "out" / "eval.json").read_text())["final"]["greedy"]
+    assert {"reward/exact_match", "reward/refusal"} <= set(sft) and "reward/acc_rm" not in sft
+    assert {"reward/exact_match", "reward/refusal", "reward/acc_rm"} <= set(final)

@@ -37,7 +37,7 @@ def _rm_lines(p, name: str) -> list[str]:
             value = f"{1e-3 if args.base == 'builtin:tiny' else 1e-5:g}"
             note = "   # default: grpolab rm's for this backbone (1e-3 builtin:tiny, else 1e-5)"
         if key == "base" and key not in given:
-            note = "   # default: the SFT stage's model" if p.sft is not None else "   # default: the GRPO stage's model"
+            note = f"   # default: the {'SFT' if p.sft is not None else 'GRPO'} stage's model"
         lines.append(f"reward_models.{name}.{key}: {value}{note}")
     opts = p.reward_models[name]
     lines.append(f"reward_models.{name}.weight: {opts.get('weight', 1.0)}   (the GRPO reward's weight)")

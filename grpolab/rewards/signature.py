@@ -2,17 +2,19 @@
 
 - grpolab's, positional: `fn(prompts, completions, metadata)`: `prompts` the N prompt texts as the
   policy saw them, `completions` the N completion texts, `metadata` N dicts, each its row's data
-  fields (every field of a JSONL row but the prompt) plus `truncated` (no EOS) and, while training,
-  `completion_tokens`, `max_new_tokens` and `completion_ids`.
+  fields (every field of a JSONL row but the prompt) plus `truncated` (no EOS), `completion_ids` (the
+  sampled token ids while training; re-encoded by `grpolab eval`) and, while training,
+  `completion_tokens` and `max_new_tokens`.
 - TRL's, by keyword: `fn(prompts, completions, completion_ids, **columns)`: the same prompts and
   completions, `completion_ids` the N completions' token ids, and each metadata field as a keyword
   argument holding one value per row (None where a row lacks the field), e.g. `answer=[...]`.
 
 `reward_style(fn)` decides from `inspect.signature`: a parameter named `metadata`, or `*args` (a
-wrapper's `(*args, **kwargs)`) -> grpolab's; a `**kwargs`, a keyword-only parameter or one named `completion_ids` -> TRL's; else grpolab's when the
-function takes three positional arguments, the third without a default, TRL's when every parameter
-can be passed by keyword (only the keywords it names are passed then); anything else is a ConfigError naming the reward.
-`KeywordReward` adapts a TRL-style function to the positional protocol the trainer calls.
+wrapper's `(*args, **kwargs)`) -> grpolab's; a `**kwargs`, a keyword-only parameter or one named
+`completion_ids` -> TRL's; else grpolab's when the function takes three positional arguments, the
+third without a default, TRL's when every parameter can be passed by keyword (only the keywords it
+names are passed then); anything else is a ConfigError naming the reward. `KeywordReward` adapts a
+TRL-style function to the positional protocol the trainer calls.
 """
 
 from __future__ import annotations

@@ -56,7 +56,8 @@ def test_every_metric_per_value_and_every_completion_in_a_file(model_dir, heldou
 
 def test_a_group_field_no_row_has_is_named(model_dir, heldout, capsys):
     assert cli.main(["eval", str(model_dir), "grpo", *TINY, heldout, "eval.group_by=topic"]) == 2
-    assert "eval.group_by: no held-out row has the field 'topic'; their fields: answer, answerable, kind, n" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "eval.group_by: no held-out row has the field 'topic'; their fields: answer, answerable, kind, n" in err
 
 
 def test_eval_group_by_is_validated():

@@ -165,6 +165,7 @@ def evaluate(policy, tokenizer, cfg: C.Config, held: list[PromptItem], samples: 
     """`grpolab eval`'s evaluation of the policy on the held-out prompts; prints one line."""
     t = time.perf_counter()
     res = evaluate_policy(policy, tokenizer, cfg, samples=samples, items=held)
+    res.pop("completions", None)  # one record per prompt: not part of summary.json
     res["seconds"] = time.perf_counter() - t
     sampled = res.get("sampled", {})
     _say(f"[eval {tag}] held-out reward sampled(T={cfg.rollout.temperature}, ×{samples}) "

@@ -467,7 +467,7 @@ def settings(ab: Ablation) -> dict:
     return {"variants": list(ab.variants), "seeds": list(ab.seeds), "steps": ab.steps,
             "prompts_per_step": cfg.rollout.prompts_per_step, "group_size": cfg.rollout.group_size,
             "max_new_tokens": cfg.rollout.max_new_tokens, "lr": cfg.train.lr, "lr_schedule": cfg.train.lr_schedule,
-            "budget_completions": ab.budget, "eval_prompts": cfg.data.eval_prompts,
+            "budget_completions": ab.budget, "eval_prompts": cfg.data.builtin_eval_prompts,
             "rewards": [s.display_name + f":{s.weight:g}" for s in cfg.rewards],
             "overrides": list(ab.overrides), "jobs": ab.jobs, "threads": ab.threads}
 

@@ -73,7 +73,7 @@ def evaluate(model, tok, cfg: C.Config) -> dict:
 
     r = cfg.rollout
     engine = HFEngine(tok, r.max_new_tokens, r.temperature, r.top_p, r.top_k, compute_dtype=torch.float32)
-    items = data.heldout_items(cfg.data.eval_prompts)
+    items = data.heldout_items(cfg.data.builtin_eval_prompts)
     with AgentSpec.from_config(cfg).build() as agent:
         greedy = evaluate_agent(engine, agent, items, model=model)
         sampled = evaluate_agent(engine, agent, items, model=model, greedy=False, seed=cfg.train.seed)

@@ -1,11 +1,13 @@
 """`grpolab pipeline CONFIG`: the whole pipeline from one YAML file.
 
     sft             grpolab sft on the `sft:` config                       -> OUT/sft/final
+                    then, when there are held-out prompts, its greedy evaluation  -> OUT/sft/eval.json
     reward_models   grpolab rm per entry, each on its own preference data  -> OUT/rm-<name>/
     grpo            grpolab train on the `grpo:` config, starting from the SFT model, rewarded by
                     its own rewards (e.g. verifiers) plus each reward model × its weight  -> OUT/grpo/
     eval            the GRPO config's held-out prompts, scored by `eval.rewards` (default: the GRPO
                     rewards), for the starting model (π0) and the final policy   -> OUT/eval.json
+                    (per value of each `eval.group_by` field), every completion -> OUT/completions.jsonl
     report          OUT/grpo/report.html
 
 The file:
@@ -13,24 +15,26 @@ The file:
     out_dir: runs/my-pipeline
     sft: {preset: sft, model: ..., data: {source: jsonl:sft.jsonl}, sft: {steps: 300}}   # optional
     reward_models:                                                                      # optional
-      accuracy: {data: acc.jsonl, eval_data: acc_heldout.jsonl, base: sft, steps: 300, weight: 1.0}
+      accuracy: {data: acc.jsonl, eval_data: acc_heldout.jsonl, steps: 300, lr: 1.0e-4, weight: 1.0}
     grpo: {preset: grpo, data: {source: jsonl:prompts.jsonl, eval_source: jsonl:heldout.jsonl}, ...}
-    eval: {samples: 4, rewards: [exact_match]}                                          # optional
+    eval: {samples: 4, rewards: [exact_match], group_by: kind}                          # optional
 
 `sft:` and `grpo:` are grpolab configs (the sections of `grpolab config`); a reward model entry
-takes `grpolab rm`'s options (`--lm-coef` is `lm_coef`), `base: sft` (the SFT stage's model),
-`weight` and `normalize` (the reward_model reward's score normalization, default fixed). Each stage
+takes `grpolab rm`'s options (`--lm-coef` is `lm_coef`), `weight` and `normalize` (the reward_model
+reward's score normalization, default fixed). Its backbone `base` defaults to the SFT stage's model
+(`sft`, its tokenizer too), or without an SFT stage to the GRPO stage's model; its `lr` defaults to
+`grpolab rm`'s (1e-3 for builtin:tiny, else 1e-5), said when the stage starts. Each stage
 writes its own run directory; a finished stage is skipped when the pipeline runs again with the same
 settings and input files (their SHA-256, computed again when a file's size or mtime changed; a finished
 stage whose settings or inputs changed is an error that names them: `--from STAGE` redoes it and the
 stages after it, moving their folders aside); an interrupted GRPO stage resumes from its last checkpoint,
-an interrupted SFT or reward-model stage starts again. Every stage's input files are checked to exist
-before any stage runs.
+an interrupted SFT or reward-model stage starts again. Before any stage runs, every stage's config is
+validated, its input files read and its rewards probed (grpolab.app.pipeline_checks).
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
 import sys
 import time
@@ -41,12 +45,13 @@ from typing import Any, Callable
 import yaml
 
 from grpolab import config as C
+from grpolab.app.pipeline_book import STAGES, Book
+from grpolab.app.pipeline_checks import preflight, rm_base, stage_inputs
+from grpolab.config.validation import check_eval
 from grpolab.config.io import check_duplicate_keys, key_lines, dump_yaml, from_mapping
 from grpolab.errors import ConfigError
 from grpolab.rundir.rundir import move_aside, read_run
 
-STAGES = ("sft", "reward_models", "grpo", "eval")
-STAGES_FILE = "stages.json"
 RM_REWARD_KEYS = ("weight", "normalize")
 """Keys of a reward_models entry that shape its GRPO reward rather than its training."""
 
@@ -70,6 +75,7 @@ class Pipeline:
     eval_rewards: list | None
     eval_samples: int
     source: str
+    eval_group_by: tuple[str, ...] = ()
 
     @property
     def sft_dir(self) -> Path:
@@ -126,12 +132,26 @@ def _check_reward_models(node: Any, lines: dict, path: str) -> dict[str, dict[st
         where = f"{path}:{lines.get(f'reward_models.{name}', 1)}: reward_models.{name}"
         if not isinstance(opts, dict) or "data" not in opts:
             raise ConfigError(f"{where}: expected a mapping with at least `data:` (a preference-pairs file)")
-        for key in opts:
+        for key, value in opts.items():
+            at = f"{path}:{lines.get(f'reward_models.{name}.{key}', 1)}: reward_models.{name}.{key}"
             if key not in known and key not in RM_REWARD_KEYS:
-                at = f"{path}:{lines.get(f'reward_models.{name}.{key}', 1)}: reward_models.{name}.{key}"
                 raise ConfigError(f"{at}: unknown option; known: {', '.join(sorted(known | set(RM_REWARD_KEYS)))}")
+            _check_rm_value(_rm_options().get(key), value, at)
         out[str(name)] = dict(opts)
     return out
+
+
+def _check_rm_value(action, value: Any, at: str) -> None:
+    """A reward-model option's value has the type `grpolab rm` parses it as (a ConfigError naming it)."""
+    if key_type := getattr(action, "type", None):
+        try:
+            key_type(str(value))
+        except (TypeError, ValueError):
+            raise ConfigError(f"{at}: expected {key_type.__name__}, got {value!r}") from None
+    elif action is not None and action.nargs == 0 and not isinstance(value, bool):
+        raise ConfigError(f"{at}: expected true or false, got {value!r}")
+    if value is None or isinstance(value, (dict, list)):
+        raise ConfigError(f"{at}: expected a single value, got {value!r}")
 
 
 def load_pipeline(path: str, overrides: list[str] | None = None) -> Pipeline:
@@ -157,16 +177,23 @@ def load_pipeline(path: str, overrides: list[str] | None = None) -> Pipeline:
     if "grpo" not in data:
         raise ConfigError(f"{path}: grpo: the GRPO stage's config is required")
     ev = data.get("eval") or {}
-    if not isinstance(ev, dict) or set(ev) - {"samples", "rewards"}:
-        raise ConfigError(f"{path}:{lines.get('eval', 1)}: eval: expected a mapping with samples: and rewards:")
+    if not isinstance(ev, dict) or set(ev) - {"samples", "rewards", "group_by"}:
+        raise ConfigError(f"{path}:{lines.get('eval', 1)}: eval: expected a mapping with samples:, rewards: and "
+                          "group_by:")
     out_dir = data.get("out_dir") or f"runs/pipeline-{time.strftime('%Y%m%d-%H%M%S')}"
     grpo = _stage_config(data, "grpo", lines, path, "grpo")
     eval_rewards = None
-    if ev.get("rewards") is not None:
-        eval_rewards = grpo.replace(rewards=ev["rewards"]).validate().rewards
+    try:
+        if ev.get("rewards") is not None:
+            eval_rewards = grpo.replace(rewards=ev["rewards"]).validate().rewards
+        with_groups = grpo.replace(**{"eval.group_by": ev.get("group_by", ())})
+        check_eval(with_groups)
+        group_by = with_groups.eval.group_fields
+    except ConfigError as e:
+        raise ConfigError(f"{path}:{lines.get('eval', 1)}: eval: {e}") from None
     p = Pipeline(Path(out_dir), _stage_config(data, "sft", lines, path, "sft"),
                  _check_reward_models(data.get("reward_models"), lines, path), grpo, eval_rewards,
-                 int(ev.get("samples", 0)), path)
+                 int(ev.get("samples", 0)), path, group_by)
     grpo_config(p)  # the GRPO stage's own checks (a reward at all), before any stage runs
     return p
 
@@ -189,121 +216,7 @@ def _apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 
 # ----------------------------------------------------------------------------- stages
-def _fingerprint(spec: Any) -> str:
-    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _source_path(source: str | None) -> Path | None:
-    """The local file or folder a data source reads (jsonl:PATH, hf:PATH), else None."""
-    kind, sep, rest = (source or "").partition(":")
-    return Path(rest) if sep and kind in ("jsonl", "hf") else None
-
-
-def _model_path(name: str) -> Path | None:
-    """A model given as a local folder or file (not a hub id or a built-in name)."""
-    return Path(name) if name and not name.startswith("builtin:") and Path(name).exists() else None
-
-
-def stage_inputs(p: Pipeline) -> dict[str, dict[str, Path]]:
-    """Each stage's input files and folders: {stage: {field: path}} (data files, a local model, a base)."""
-    out: dict[str, dict[str, Path]] = {}
-    if p.sft is not None:
-        out["sft"] = {"sft.data.source": _source_path(p.sft.data.source),
-                      "sft.model.name_or_path": _model_path(p.sft.model.name_or_path)}
-    for name, opts in p.reward_models.items():
-        base = opts.get("base")
-        out[f"reward_models:{name}"] = {
-            f"reward_models.{name}.data": None if str(opts["data"]).startswith("builtin:") else Path(opts["data"]),
-            f"reward_models.{name}.eval_data": Path(opts["eval_data"]) if opts.get("eval_data") else None,
-            f"reward_models.{name}.base": p.sft_dir / "final" if base == "sft" else _model_path(str(base or ""))}
-    grpo = {"grpo.data.source": _source_path(p.grpo.data.source),
-            "grpo.data.eval_source": _source_path(p.grpo.data.eval_source)}
-    grpo["grpo.model.name_or_path"] = p.sft_dir / "final" if p.sft is not None else _model_path(
-        p.grpo.model.name_or_path)
-    out["grpo"], out["eval"] = grpo, {"grpo.data.eval_source": grpo["grpo.data.eval_source"]}
-    return {stage: {k: v for k, v in files.items() if v is not None} for stage, files in out.items()}
-
-
-def check_inputs(p: Pipeline) -> None:
-    """Every stage's input files exist (those an earlier stage writes aside): one ConfigError naming the
-    field and the path before any stage runs."""
-    for stage, files in stage_inputs(p).items():
-        for field, path in files.items():
-            if not path.exists() and p.out_dir not in path.parents:
-                raise ConfigError(f"{p.source}: {field}: {str(path)!r} does not exist (every stage's inputs are "
-                                  "checked before any stage runs)")
-
-
-class _Digests:
-    """OUT/inputs.json: each input file's size, mtime and SHA-256; the hash is computed again only when
-    the size or the mtime changed."""
-
-    def __init__(self, out_dir: Path):
-        self.path = out_dir / "inputs.json"
-        try:
-            self.known = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self.known = {}
-
-    def of(self, path: Path) -> str:
-        """The content digest of a file, or of a folder's files (names and contents)."""
-        from grpolab.manifest import sha256
-
-        if path.is_dir():
-            parts = [f"{f.relative_to(path)}:{self.of(f)}" for f in sorted(path.rglob("*")) if f.is_file()]
-            return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-        st = path.stat()
-        key, stamp = str(path.resolve()), [st.st_size, st.st_mtime_ns]
-        entry = self.known.get(key)
-        if entry is None or entry["stamp"] != stamp:
-            entry = self.known[key] = {"stamp": stamp, "sha256": sha256(path)}
-            self.path.write_text(json.dumps(self.known, indent=1))
-        return entry["sha256"]
-
-    def of_stage(self, files: dict[str, Path]) -> dict[str, str]:
-        return {field: self.of(path) for field, path in files.items() if path.exists()}
-
-
-class _Book:
-    """OUT/stages.json: each finished stage's settings fingerprint and wall time."""
-
-    def __init__(self, out_dir: Path, inputs: dict[str, dict[str, Path]] | None = None):
-        self.path = out_dir / STAGES_FILE
-        self.inputs, self.digests = inputs or {}, _Digests(out_dir)
-        try:
-            self.stages = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self.stages = {}
-
-    def done(self, stage: str, spec: Any, finished: bool, inputs: dict[str, str] | None = None) -> bool:
-        """Whether `stage` finished with these settings and input files (their digests); a ConfigError
-        when it finished with other settings or on input files whose content has changed since."""
-        entry = self.stages.get(stage)
-        if not finished or entry is None:
-            return False
-        again = (f"add --from {stage.split(':')[0]} to redo it and the stages after it (their folders are moved "
-                 "aside, nothing is deleted)")
-        if entry["fingerprint"] != _fingerprint(spec):
-            raise ConfigError(f"pipeline stage {stage!r} finished with other settings than the file now gives; "
-                              f"{again}")
-        changed = [k for k, v in (inputs or {}).items() if entry.get("inputs", {}).get(k, v) != v]
-        if changed:
-            raise ConfigError(f"pipeline stage {stage!r} finished on other input files: {', '.join(changed)} "
-                              f"changed since; {again}")
-        return True
-
-    def record(self, stage: str, spec: Any, seconds: float, inputs: dict[str, str] | None = None) -> None:
-        self.stages[stage] = {"fingerprint": _fingerprint(spec), "seconds": round(seconds, 1),
-                              "inputs": inputs or {}}
-        self.path.write_text(json.dumps(self.stages, indent=1))
-
-    def forget_from(self, stage: str) -> None:
-        keep = STAGES[: STAGES.index(stage)]
-        self.stages = {k: v for k, v in self.stages.items() if k.split(":")[0] in keep}
-        self.path.write_text(json.dumps(self.stages, indent=1))
-
-
-def _run_stage(book: _Book, stage: str, spec: Any, finished: bool, run: Callable[[], None]) -> None:
+def _run_stage(book: Book, stage: str, spec: Any, finished: bool, run: Callable[[], None]) -> None:
     inputs = book.digests.of_stage(book.inputs.get(stage, {}))
     if book.done(stage, spec, finished, inputs):
         _say(f"[pipeline] {stage}: finished before, skipped")
@@ -323,26 +236,62 @@ def _finished(path: Path) -> bool:
     return read_run(path).get("status") == "finished"
 
 
-def _sft_stage(p: Pipeline, book: _Book) -> None:
+def sft_config(p: Pipeline) -> C.Config:
+    """The SFT stage's config as `grpolab sft` runs it (loss.policy_loss=sft, run.out_dir OUT/sft)."""
+    return p.sft.replace(**{"loss.policy_loss": "sft", "run.out_dir": str(p.sft_dir)})
+
+
+def rm_args(p: Pipeline, name: str):
+    """The reward-model stage `name`'s `grpolab rm` options, parsed (argparse.Namespace)."""
+    return _rm_parser().parse_args(_rm_argv(p, name, p.reward_models[name]))
+
+
+def _sft_stage(p: Pipeline, book: Book, eval_cfg: C.Config) -> None:
     from grpolab.app.train import sft_from_cfg
     from grpolab.rundir.rundir import holds_run
     from grpolab.parallel.launch import apply_threads
 
-    cfg = p.sft.replace(**{"loss.policy_loss": "sft", "run.out_dir": str(p.sft_dir)})
+    cfg = sft_config(p)
     spec = dump_yaml(cfg)
 
     def run():
         interrupted = holds_run(p.sft_dir) and not _finished(p.sft_dir)  # started again, the old one moved aside
         apply_threads(cfg)
         sft_from_cfg(cfg, overwrite=interrupted)
+        if has_heldout(eval_cfg):
+            _sft_eval(p, eval_cfg)
 
     _run_stage(book, "sft", spec, _finished(p.sft_dir), run)
+
+
+def has_heldout(cfg: C.Config) -> bool:
+    """Whether cfg has held-out prompts to evaluate on (data.eval_source, or a built-in split)."""
+    return bool(cfg.data.eval_source) or cfg.data.source in ("builtin:arith", "builtin:seeds")
+
+
+def _sft_eval(p: Pipeline, cfg: C.Config) -> None:
+    """The SFT model on the held-out prompts, greedy, by the evaluation's rewards but the reward models
+    this pipeline trains later: OUT/sft/eval.json and completions.jsonl, and the table on stderr."""
+    from grpolab.evaluation.evaluate import evaluate_model, format_eval, write_completions
+    from grpolab.rundir.rundir import write_eval
+
+    later = {str(p.rm_dir(name)) for name in p.reward_models}
+    rewards = [dataclasses.asdict(r) for r in cfg.rewards if str(r.kwargs.get("path", "")) not in later]
+    if not rewards:
+        _say("[pipeline] sft: no held-out evaluation (every evaluation reward is a reward model trained later)")
+        return
+    cfg = cfg.replace(rewards=rewards)
+    _say(f"[pipeline] sft: held-out evaluation of {p.sft_dir / 'final'}")
+    res = evaluate_model(p.sft_dir / "final", cfg)
+    write_completions(p.sft_dir / "completions.jsonl", res.pop("completions", []), model="sft")
+    write_eval(p.sft_dir, res)
+    _say(format_eval(res))
 
 
 def _rm_argv(p: Pipeline, name: str, opts: dict[str, Any]) -> list[str]:
     actions = _rm_options()
     argv = ["--out", str(p.rm_dir(name))]
-    for key, value in opts.items():
+    for key, value in {**opts, "base": rm_base(p, opts)}.items():
         if key in RM_REWARD_KEYS:
             continue
         if key == "base" and value == "sft":
@@ -357,12 +306,19 @@ def _rm_argv(p: Pipeline, name: str, opts: dict[str, Any]) -> list[str]:
     return argv
 
 
-def _rm_stage(p: Pipeline, book: _Book, name: str, opts: dict[str, Any]) -> None:
+def _rm_stage(p: Pipeline, book: Book, name: str, opts: dict[str, Any]) -> None:
     from grpolab.app.rm import train
     from grpolab.rundir.rundir import holds_run
 
     argv = _rm_argv(p, name, opts)
     out = p.rm_dir(name)
+    base = rm_base(p, opts)
+    how = "its `base`" if opts.get("base") is not None else ("the SFT stage's model, the default" if base == "sft"
+                                                             else "the GRPO stage's model, the default")
+    lr = opts.get("lr")
+    lr_how = "its `lr`" if lr is not None else "grpolab rm's default for this backbone; set lr: to change it"
+    lr = lr if lr is not None else (1e-3 if base == "builtin:tiny" else 1e-5)
+    _say(f"[pipeline] reward_models:{name}: backbone {base} ({how}), lr {lr:g} ({lr_how})")
 
     def run():
         again = ["--overwrite"] if holds_run(out) and not _finished(out) else []
@@ -382,13 +338,13 @@ def grpo_config(p: Pipeline) -> C.Config:
     cfg = p.grpo.replace(**{"run.out_dir": str(p.grpo_dir), "run.resume": "auto"})
     if p.sft is not None:
         cfg = cfg.replace(**{"model.name_or_path": str(p.sft_dir / "final")})
-    own = [{"name": r.name, "label": r.label, "weight": r.weight, "kwargs": dict(r.kwargs)} for r in cfg.rewards]
+    own = [dataclasses.asdict(r) for r in cfg.rewards]
     if not own and not p.reward_models:
         raise ConfigError(f"{p.source}: grpo.rewards is empty and there are no reward_models: GRPO needs a reward")
     return cfg.replace(rewards=own + _rm_rewards(p)).validate()
 
 
-def _grpo_stage(p: Pipeline, book: _Book) -> C.Config:
+def _grpo_stage(p: Pipeline, book: Book) -> C.Config:
     from grpolab.app.train import train_from_cfg
     from grpolab.parallel.launch import apply_threads
 
@@ -403,12 +359,20 @@ def _grpo_stage(p: Pipeline, book: _Book) -> C.Config:
     return cfg
 
 
-def _eval_stage(p: Pipeline, book: _Book, cfg: C.Config) -> dict:
-    from grpolab.evaluation.evaluate import evaluate_model
+def eval_config(p: Pipeline, grpo_cfg: C.Config) -> C.Config:
+    """The evaluation's config: the GRPO stage's, scored by eval.rewards and grouped by eval.group_by when
+    given."""
+    if p.eval_group_by:
+        grpo_cfg = grpo_cfg.replace(**{"eval.group_by": list(p.eval_group_by)})
+    if p.eval_rewards is None:
+        return grpo_cfg
+    return grpo_cfg.replace(rewards=[dataclasses.asdict(r) for r in p.eval_rewards])
 
-    if p.eval_rewards is not None:
-        cfg = cfg.replace(rewards=[{"name": r.name, "label": r.label, "weight": r.weight, "kwargs": dict(r.kwargs)}
-                                   for r in p.eval_rewards])
+
+def _eval_stage(p: Pipeline, book: Book, cfg: C.Config) -> dict:
+    from grpolab.evaluation.evaluate import evaluate_model, write_completions
+
+    cfg = eval_config(p, cfg)
     path = p.out_dir / "eval.json"
     start = p.sft_dir / "final" if p.sft is not None else Path(p.grpo.model.name_or_path)
     spec = {"config": dump_yaml(cfg), "samples": p.eval_samples, "start": str(start)}
@@ -416,11 +380,14 @@ def _eval_stage(p: Pipeline, book: _Book, cfg: C.Config) -> dict:
     def run():
         payload = {"rewards": [{"name": r.display_name, "weight": r.weight} for r in cfg.rewards],
                    "samples": p.eval_samples, "reward_models": _rm_accuracies(p)}
+        completions = p.out_dir / "completions.jsonl"
         if start.is_dir():
             _say(f"[pipeline] eval: π0 ({start})")
             payload["pi0"] = evaluate_model(start, cfg, samples=p.eval_samples)
         _say(f"[pipeline] eval: final policy ({p.grpo_dir})")
         payload["final"] = evaluate_model(p.grpo_dir, cfg, samples=p.eval_samples)
+        for i, model in enumerate(m for m in ("pi0", "final") if m in payload):
+            write_completions(completions, payload[model].pop("completions", []), append=i > 0, model=model)
         payload["stages"] = book.stages
         tmp = path.with_name("eval.json.tmp")
         tmp.write_text(json.dumps(payload, indent=2))
@@ -441,10 +408,10 @@ def _rm_accuracies(p: Pipeline) -> dict[str, float | None]:
 
 def _stage_paths(p: Pipeline, stage: str) -> list[Path]:
     return {"sft": [p.sft_dir], "reward_models": [p.rm_dir(n) for n in p.reward_models], "grpo": [p.grpo_dir],
-            "eval": [p.out_dir / "eval.json"]}[stage]
+            "eval": [p.out_dir / "eval.json", p.out_dir / "completions.jsonl"]}[stage]
 
 
-def redo_from(p: Pipeline, book: _Book, stage: str) -> None:
+def redo_from(p: Pipeline, book: Book, stage: str) -> None:
     """Moves the folders of `stage` and every later stage aside and forgets that they finished."""
     if stage not in STAGES:
         raise ConfigError(f"--from {stage!r}: expected one of {', '.join(STAGES)}")
@@ -462,13 +429,15 @@ def run_pipeline(p: Pipeline, redo: str = "", report: bool = True, overwrite: bo
     user's own files or another command's run; `overwrite` moves them aside, nothing is deleted)."""
     from grpolab.rundir.rundir import claim, mark_finished
 
-    check_inputs(p)
+    grpo_cfg = grpo_config(p)
+    eval_cfg = eval_config(p, grpo_cfg)
+    preflight(p, grpo_cfg, eval_cfg)
     claim(p.out_dir, "pipeline", resume=True, overwrite=overwrite, field="out_dir", say=_say)
-    book = _Book(p.out_dir, stage_inputs(p))
+    book = Book(p.out_dir, stage_inputs(p))
     if redo:
         redo_from(p, book, redo)
     if p.sft is not None:
-        _sft_stage(p, book)
+        _sft_stage(p, book, eval_cfg)
     for name, opts in p.reward_models.items():
         _rm_stage(p, book, name, opts)
     cfg = _grpo_stage(p, book)
@@ -482,16 +451,19 @@ def run_pipeline(p: Pipeline, redo: str = "", report: bool = True, overwrite: bo
 
 
 def format_table(payload: dict) -> str:
-    """π0 vs final for every float metric of the evaluation."""
+    """π0 vs final for every float metric of the evaluation, then per eval.group_by value."""
     before, after = payload.get("pi0", {}), payload["final"]
-    lines = [f"{'held-out metric':<36}{'π0':>9}{'final':>9}{'change':>9}"]
-    for part in ("greedy", "sampled"):
-        for k, v in after.get(part, {}).items():
-            if not isinstance(v, float):
-                continue
-            b = before.get(part, {}).get(k)
-            cells = f"{b:>9.3f}{v:>9.3f}{v - b:>+9.3f}" if isinstance(b, float) else f"{'':>9}{v:>9.3f}"
-            lines.append(f"{part + ' ' + k:<36}{cells}")
+    groups = [("", before, after)] + [
+        (f"{field}={value} ", before.get("by", {}).get(field, {}).get(value, {}), m)
+        for field, values in after.get("by", {}).items() for value, m in values.items()]
+    rows = [(prefix + part + " " + k, b_part.get(part, {}).get(k), v) for prefix, b_part, a_part in groups
+            for part in ("greedy", "sampled") for k, v in a_part.get(part, {}).items()
+            if isinstance(v, float) and v == v]  # NaN: no row of the group was scored
+    width = max([36] + [len(name) + 2 for name, _, _ in rows])
+    lines = [f"{'held-out metric':<{width}}{'π0':>9}{'final':>9}{'change':>9}"]
+    for name, b, v in rows:
+        cells = f"{b:>9.3f}{v:>9.3f}{v - b:>+9.3f}" if isinstance(b, float) else f"{'':>9}{v:>9.3f}"
+        lines.append(f"{name:<{width}}{cells}")
     for name, acc in payload.get("reward_models", {}).items():
         if acc is not None:
             lines.append(f"reward model {name}: held-out pair accuracy {acc:.3f}")

@@ -125,12 +125,19 @@ def _policy_accuracy(args, model, tokenizer, heldout) -> dict:
 
 def train(args) -> int:
     """`grpolab rm` with parsed args; bad input raises (ValueError, FileNotFoundError, FileExistsError)."""
-    from grpolab.reward_models.model import TINY_BASE, base_tokenizer, build_reward_model, save_reward_model
-    from grpolab.reward_models.training import fit_calibration, score_stats, train_reward_model
-
-    from grpolab.rundir.rundir import claim, mark_finished
+    from grpolab.rundir.rundir import claim, recording_failure
 
     claim(Path(args.out), "rm", overwrite=args.overwrite, field="--out", say=lambda m: print(m, file=sys.stderr))
+    with recording_failure(Path(args.out)):  # run.json: failed, with the error
+        return _fit(args)
+
+
+def _fit(args) -> int:
+    """`grpolab rm` in its claimed --out folder."""
+    from grpolab.reward_models.model import TINY_BASE, base_tokenizer, build_reward_model, save_reward_model
+    from grpolab.reward_models.training import fit_calibration, score_stats, train_reward_model
+    from grpolab.rundir.rundir import mark_finished
+
     tiny = dict(hidden_size=args.hidden_size, num_layers=args.num_layers) if args.base == TINY_BASE else {}
     tokenizer = base_tokenizer(args.base)
     if args.data in BUILTIN_DATA:

@@ -21,7 +21,7 @@ def run_grpo(cfg, overwrite: bool = False, *, policy=None, tokenizer=None, promp
     from grpolab.parallel.launch import init_parallel
     from grpolab.report.progress import Progress
     from grpolab.rundir.checkpoint import resolve_resume, step_of
-    from grpolab.rundir.rundir import make_run_dir, write_config
+    from grpolab.rundir.rundir import make_run_dir, mark_stopped, recording_failure, write_config
     from grpolab.grpo.run import train_in_run_dir
     from grpolab.grpo.setup import build_setup
     from grpolab.models.loading import resolve_compute_dtype
@@ -48,13 +48,16 @@ def run_grpo(cfg, overwrite: bool = False, *, policy=None, tokenizer=None, promp
         write_config(cfg, run_dir)
     start = min(step_of(resume_from), cfg.train.steps) if resume_from is not None else 0
     progress = Progress(cfg.train.steps, enabled=cfg.run.progress and par.is_main, start_step=start)
-    setup = build_setup(cfg, policy, tokenizer, prompts, progress=progress, parallel=par)
-    if cfg.run.eval_every:  # before the callbacks: on_evaluate and on_step_end see the eval/ figures
-        from grpolab.grpo.eval_hook import EvalHook
+    with recording_failure(run_dir, par.is_main):
+        setup = build_setup(cfg, policy, tokenizer, prompts, progress=progress, parallel=par)
+        if cfg.run.eval_every:  # before the callbacks: on_evaluate and on_step_end see the eval/ figures
+            from grpolab.grpo.eval_hook import EvalHook
 
-        setup.services.hooks.append(EvalHook(setup))
-    setup.services.hooks.extend(hook.attach(setup) if hasattr(hook, "attach") else hook for hook in hooks)
-    code = train_in_run_dir(setup, run_dir, resume_from)
+            setup.services.hooks.append(EvalHook(setup))
+        setup.services.hooks.extend(hook.attach(setup) if hasattr(hook, "attach") else hook for hook in hooks)
+        code = train_in_run_dir(setup, run_dir, resume_from)
+    if par.is_main and code != 0:  # a signal (resumable) or the numerics guard
+        mark_stopped(run_dir, f"exit code {code}", "stopped")
     if par.is_main:
         print(f"run directory: {run_dir}")
     return code, run_dir
@@ -74,14 +77,9 @@ def _on_rank0(par, fn):
     return value
 
 
-def _print_sft_loss(i: int, loss: float) -> None:
-    if i == 0 or (i + 1) % 50 == 0:
-        print(f"[sft] step {i + 1} loss {loss:.4f}")
-
-
 def sft_from_cfg(cfg, overwrite: bool = False) -> int:
     """`grpolab sft` of a loaded config: run directory, SFT (the built-in task's recipe, or data.source's
-    pairs), final/."""
+    pairs, capped by sft.examples), final/; run.json says failed when it raises."""
     run_sft(cfg, overwrite)
     return 0
 
@@ -89,30 +87,40 @@ def sft_from_cfg(cfg, overwrite: bool = False) -> int:
 def run_sft(cfg, overwrite: bool = False, *, policy=None, tokenizer=None) -> tuple[Path, list[float]]:
     """`sft_from_cfg` with a policy and its tokenizer instead of model.name_or_path's (grpolab.api.sft).
     Returns (run directory, the loss per step)."""
-    from grpolab.data.build import arith_task
-    from grpolab.manifest import write_manifest
-    from grpolab.rundir.rundir import make_run_dir, mark_finished, write_config
-    from grpolab.models.policy import load_policy
-    from grpolab.sft.sft import sft_builtin, train_sft
+    from grpolab.rundir.rundir import make_run_dir, recording_failure, write_config
 
     run_dir = make_run_dir(cfg, "sft", command="sft", overwrite=overwrite)
     write_config(cfg, run_dir)
+    with recording_failure(run_dir):
+        losses = _sft_in(cfg, run_dir, policy, tokenizer)
+    print(f"final loss {losses[-1]:.4f}; run directory: {run_dir}")
+    return run_dir, list(losses)
+
+
+def _sft_in(cfg, run_dir: Path, policy=None, tokenizer=None) -> list[float]:
+    from grpolab.data.build import arith_task
+    from grpolab.manifest import write_manifest
+    from grpolab.models.policy import load_policy
+    from grpolab.rundir.rundir import mark_finished
+    from grpolab.sft.sft import progress_printer, sft_builtin, train_sft
+
     model, tok = load_policy(cfg) if policy is None else (policy, tokenizer)
     if cfg.data.source != "builtin:arith":
-        from grpolab.data.build import source_options
+        from grpolab.data.build import capped, source_options
         from grpolab.data.sft_pairs import load_sft_pairs
 
         d = cfg.data
         pairs = load_sft_pairs(d.source, response_field=d.response_field, prompt_field=d.prompt_field,
                                messages_field=d.messages_field, **source_options(cfg, tok))
+        pairs = capped(pairs, cfg.sft.examples, "sft.examples")
+        print(f"[sft] {len(pairs)} examples, {cfg.sft.steps} steps of {cfg.sft.batch_size}", flush=True)
         losses = train_sft(model, tok, pairs, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
                            microbatch_size=cfg.sft.microbatch_size, lr=cfg.sft.lr, seed=cfg.train.seed,
-                           on_step=_print_sft_loss)
+                           on_step=progress_printer(cfg.sft.steps, lambda m: print(m, flush=True)))
     else:  # the built-in task: refusal kinds and the early stop on a training-side probe as in the demo
         losses = sft_builtin(model, tok, arith_task(cfg), cfg)
     model.save_pretrained(run_dir / "final")
     tok.save_pretrained(run_dir / "final")
     write_manifest(run_dir / "final")
     mark_finished(run_dir)
-    print(f"final loss {losses[-1]:.4f}; run directory: {run_dir}")
-    return run_dir, list(losses)
+    return losses

@@ -11,6 +11,7 @@ Config root with its derived sizes (config.py), the presets (presets.py), YAML a
 from grpolab.config.config import Config, dump, from_preset, load
 from grpolab.config.data import DataConfig
 from grpolab.config.environment import EnvironmentConfig
+from grpolab.config.evaluation import EvalConfig
 from grpolab.config.loss import LossConfig
 from grpolab.config.model import ModelConfig
 from grpolab.config.presets import PRESETS
@@ -22,5 +23,6 @@ from grpolab.config.sft import SFTConfig
 from grpolab.config.train import TrainConfig
 from grpolab.errors import ConfigError
 
-__all__ = ["Config", "ConfigError", "DataConfig", "EnvironmentConfig", "LossConfig", "ModelConfig", "PRESETS", "RMRefreshConfig",
-           "RewardSpec", "RolloutConfig", "RunConfig", "SFTConfig", "TrainConfig", "dump", "from_preset", "load"]
+__all__ = ["Config", "ConfigError", "DataConfig", "EnvironmentConfig", "EvalConfig", "LossConfig", "ModelConfig",
+           "PRESETS", "RMRefreshConfig", "RewardSpec", "RolloutConfig", "RunConfig", "SFTConfig", "TrainConfig",
+           "dump", "from_preset", "load"]

@@ -13,6 +13,7 @@ from typing import Any
 
 from grpolab.config.data import DataConfig
 from grpolab.config.environment import EnvironmentConfig
+from grpolab.config.evaluation import EvalConfig
 from grpolab.config.io import apply_overrides, dump_yaml, load_yaml, override_strings
 from grpolab.config.loss import LossConfig
 from grpolab.config.model import ModelConfig
@@ -45,6 +46,7 @@ class Config:
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     """Multi-turn episodes: the environment (empty name: none)."""
     run: RunConfig = field(default_factory=RunConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     # ---- derived sizes (never stored) ----
     @property

@@ -14,11 +14,12 @@ class DataConfig:
     dataset in the Hugging Face cache; HF_HUB_OFFLINE=1 honoured), 'rg:TASK' (reasoning-gym) or
     'builtin:seeds' (items {"seed": k} for an environment that builds its episode from a seed; held out:
     seeds 0 .. data.eval_prompts-1, never trained on)."""
-    eval_prompts: int = 256
-    """Held-out prompts for evaluation (never trained on)."""
+    eval_prompts: int | None = None
+    """Held-out prompts for evaluation (never trained on). None: every row of data.eval_source, and
+    256 of builtin:arith's split or of builtin:seeds; a number caps eval_source (a cut is said)."""
     eval_source: str = ""
     """Held-out prompts of `grpolab eval` (the forms of source); empty: builtin:arith's held-out split.
-    Other sources need it: their prompts are all training prompts. The first eval_prompts are used."""
+    Other sources need it: their prompts are all training prompts."""
     system_prompt: str | None = None
     """System prompt for chat templates; None keeps the template's own default."""
     chat_template: bool | str = "auto"
@@ -45,3 +46,8 @@ class DataConfig:
     """builtin:arith: share of unanswerable prompts (division by zero, missing operand) in GRPO batches and eval."""
     arith_eval_fraction: float = 0.2
     """builtin:arith: share of the fact space held out for evaluation, never trained on."""
+
+    @property
+    def builtin_eval_prompts(self) -> int:
+        """Held-out prompts drawn from a built-in source: eval_prompts, else 256."""
+        return self.eval_prompts if self.eval_prompts is not None else 256

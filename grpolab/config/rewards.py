@@ -20,6 +20,10 @@ class RewardSpec:
     `accuracy` metric) and is not passed to the factory."""
     label: str = ""
     """Name in metrics and reports (default: name); needed to tell two reward models apart."""
+    verifier: bool | None = None
+    """Whether the reward checks correctness: its 1.0 rate is the step's `accuracy`, and at weight 0 it is
+    the gold that `pair_acc/RM` ranks each reward model against. None: the reward's own `verifier`
+    attribute decides (e.g. `my_fn.verifier = True` in code), else false."""
 
     @property
     def display_name(self) -> str:

@@ -17,8 +17,9 @@ class SFTConfig:
     """Sequences per forward/backward."""
     lr: float = 1e-3
     """AdamW learning rate."""
-    examples: int = 4000
-    """SFT examples drawn from the task (builtin) or read from data (jsonl)."""
+    examples: int | None = None
+    """A cap on the SFT examples: builtin, the count drawn from the task (None: 4000); a data file, its
+    first `examples` rows (None: every row; a cap that cuts rows is said)."""
     refusal_examples: int = 20
     """builtin: refusal examples among them (few: GRPO is to teach refusing)."""
     answer_noise: float = 0.0

@@ -145,6 +145,8 @@ def _check_ranges(cfg) -> None:
         "sft.microbatch_size": cfg.sft.microbatch_size, "train.max_skipped_steps": t.max_skipped_steps,
         "sft.probe_every": cfg.sft.probe_every, "sft.probe_prompts": cfg.sft.probe_prompts,
         "run.keep_checkpoints": cfg.run.keep_checkpoints,
+        **{k: v for k, v in (("sft.examples", cfg.sft.examples), ("data.eval_prompts", cfg.data.eval_prompts))
+           if v is not None},
     }
     for name, v in positive.items():
         if v < 1:
@@ -383,6 +385,18 @@ def _check_lora(cfg) -> None:
                    "model.lora_rank=8, say")
 
 
+def check_eval(cfg) -> None:
+    """The `eval:` section alone (the pipeline checks its own eval: with it)."""
+    fields = cfg.eval.group_fields
+    for f in fields:
+        if not f.strip() or f != f.strip():
+            raise _err(f"eval.group_by: {f!r} is not a field name (a data column, e.g. kind)")
+    if len(set(fields)) < len(fields):
+        raise _err(f"eval.group_by: {list(fields)} names a field twice")
+    if fields and cfg.episodes:
+        raise _err("eval.group_by: an agent run's episodes are not broken down by a field (yet); leave it empty")
+
+
 def validate_config(cfg) -> None:
     """Raises ConfigError naming the field and the fix for an impossible setting."""
     _check_finite(cfg)
@@ -397,3 +411,4 @@ def validate_config(cfg) -> None:
     _check_rm_refresh(cfg)
     _check_lora(cfg)
     _check_outputs(cfg)
+    check_eval(cfg)

@@ -52,6 +52,8 @@ REFUSAL = "cannot"
 OPS = "+-*/"
 ANSWERABLE_KIND = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
 UNANSWERABLE_KINDS = ("div_by_zero", "missing_operand", "unknown_operand")
+BUILTIN_SFT_EXAMPLES = 4000
+"""SFT examples drawn from the task when sft.examples is None."""
 EVAL, TRAIN = "eval", "train"
 
 

@@ -12,15 +12,26 @@ def arith_task(cfg) -> ArithTask:
                      eval_fraction=d.arith_eval_fraction, answer_lsb_first=d.arith_answer_lsb_first)
 
 
+def capped(rows: list, cap: int | None, field: str) -> list:
+    """The first `cap` rows (None: all of them); says so on stderr when the cap cuts rows, naming `field`."""
+    import sys
+
+    if cap is None or cap >= len(rows):
+        return rows
+    print(f"grpolab: note: {field}={cap} keeps the first {cap} of the {len(rows)} rows ({len(rows) - cap} unused); "
+        f"{field}=null uses them all", file=sys.stderr, flush=True)
+    return rows[:cap]
+
+
 def arith_eval_items(cfg, task: ArithTask | None = None):
     """The held-out evaluation prompts of the built-in task (data.eval_prompts of them). Too many
     for the held-out side is a ConfigError naming the field, raised before any training starts."""
     from grpolab.config import ConfigError
 
     try:
-        return (task or arith_task(cfg)).eval_items(cfg.data.eval_prompts, seed=cfg.data.seed)
+        return (task or arith_task(cfg)).eval_items(cfg.data.builtin_eval_prompts, seed=cfg.data.seed)
     except ValueError as e:
-        raise ConfigError(f"data.eval_prompts={cfg.data.eval_prompts} "
+        raise ConfigError(f"data.eval_prompts={cfg.data.builtin_eval_prompts} "
                           f"(data.arith_unanswerable_share={cfg.data.arith_unanswerable_share}): {e}") from None
 
 

@@ -23,7 +23,7 @@ import json
 import random
 from pathlib import Path
 
-from grpolab.data.arith import EVAL, TRAIN
+from grpolab.data.arith import BUILTIN_SFT_EXAMPLES, EVAL, TRAIN
 from grpolab.data.build import arith_eval_items, arith_task
 from grpolab.data.preferences import accuracy_pairs, refusal_pairs
 
@@ -57,8 +57,9 @@ def export_builtin(cfg, out: Path, *, prompts: int, pairs: int, heldout_pairs: i
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     task, sc, seed = arith_task(cfg), cfg.sft, cfg.train.seed
-    sft = task.sft_examples(random.Random(seed), sc.examples, refusal_examples=sc.refusal_examples,
-                            answer_noise=sc.answer_noise, refusal_kinds=sc.refusal_kinds or None)
+    sft = task.sft_examples(random.Random(seed), sc.examples or BUILTIN_SFT_EXAMPLES,
+                            refusal_examples=sc.refusal_examples, answer_noise=sc.answer_noise,
+                            refusal_kinds=sc.refusal_kinds or None)
     files = {
         "sft": _write_jsonl(out / "sft.jsonl", ({"prompt": p, "response": c} for p, c in sft)),
         "prompts": _write_jsonl(out / "prompts.jsonl",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-
+import json
+import math
+from dataclasses import dataclass
 
 import torch
 
@@ -36,65 +38,154 @@ def evaluate_arith(model, engine: HFEngine, items, greedy: bool = True, generato
     }
 
 
-def evaluate_task(model, engine: HFEngine, items, rewards, samples: int = 0, generator=None) -> dict:
+def evaluate_task(model, engine: HFEngine, items, rewards, samples: int = 0, generator=None,
+                  group_by: tuple[str, ...] = ()) -> dict:
     """Held-out evaluation of any task by its config's rewards: `rewards` is [(RewardFn, weight)].
 
     greedy: each reward's mean over the rows it scored, the weighted sum's mean, and `accuracy` (the
     1.0 rate of the first verifier reward that scored a row). With samples = k > 0 also, over k
     completions per prompt sampled at the engine's temperature: the mean reward, pass@1 (mean
-    accuracy) and pass@k (share of prompts with at least one correct completion).
+    accuracy) and pass@k (share of prompts with at least one correct completion). group_by: metadata
+    fields; `by[FIELD][VALUE]` holds the same metrics over the prompts of each value (eval.group_by).
+    `completions`: one record per prompt (its metadata, greedy completion, scores, reward, and its
+    samples), what completions.jsonl holds.
     """
     from grpolab.rewards.base import combine, score_batch
     from grpolab.rewards.registry import is_verifier
-    from grpolab.algo.metrics import correct_rows, nanmean
+    from grpolab.algo.metrics import correct_rows
 
     prompts = [it.prompt for it in items]
     verifiers = [fn.name for fn, _ in rewards if is_verifier(fn)]
+    encode = engine.tokenizer.encode
 
     def score(texts, trunc, reps):
-        metas = [{**items[i // reps].meta, "truncated": tr} for i, tr in enumerate(trunc)]
+        metas = [{**items[i // reps].meta, "truncated": tr, "completion_ids": encode(t, add_special_tokens=False)}
+                 for i, (t, tr) in enumerate(zip(texts, trunc))]
         rows = [p for p in prompts for _ in range(reps)]
         scores = {fn.name: score_batch(fn, rows, texts, metas) for fn, _ in rewards}
-        return scores, combine(scores, {fn.name: w for fn, w in rewards}), correct_rows(scores, verifiers)
+        return Scored(texts, trunc, reps, scores, combine(scores, {fn.name: w for fn, w in rewards}),
+                      correct_rows(scores, verifiers))
 
     texts, trunc = generate_texts(model, engine, prompts, greedy=True)
-    scores, total, correct = score(texts, trunc, 1)
-    out = {"prompts": len(items), "greedy": {"reward": nanmean(total),
-                                             **{f"reward/{k}": nanmean(v) for k, v in scores.items()}}}
-    if correct is not None:
-        out["greedy"]["accuracy"] = nanmean(correct)
+    greedy, sampled = score(texts, trunc, 1), None
     if samples > 0:
-        sampled, strunc = [], []
+        stexts, strunc = [], []
         for s in range(0, len(prompts), 64):
             ro = engine.generate_with(model, prompts[s:s + 64], samples, generator=generator)
-            sampled += decode_completions(engine.tokenizer, ro)
+            stexts += decode_completions(engine.tokenizer, ro)
             strunc += ro.truncated.tolist()
-        _, stotal, scorrect = score(sampled, strunc, samples)
-        out["sampled"] = {"samples": samples, "reward": nanmean(stotal)}
-        if scorrect is not None:
-            hit = (scorrect == 1.0).view(-1, samples)
-            scored = ~torch.isnan(scorrect).view(-1, samples).all(-1)
-            out["sampled"]["pass@1"] = float(hit[scored].float().mean()) if scored.any() else float("nan")
-            out["sampled"][f"pass@{samples}"] = float(hit[scored].any(-1).float().mean()) if scored.any() else float("nan")
+        sampled = score(stexts, strunc, samples)
+    out = {"prompts": len(items), **_summary(greedy, sampled, list(range(len(items))))}
+    if group_by:
+        out["by"] = {f: {v: {"prompts": len(idx), **_summary(greedy, sampled, idx)} for v, idx in groups.items()}
+                     for f, groups in group_rows(items, group_by).items()}
     out["examples"] = [{"prompt": p, "completion": t} for p, t in list(zip(prompts, texts))[:12]]
+    out["completions"] = completion_records(items, greedy, sampled)
     return out
 
 
+@dataclass(frozen=True)
+class Scored:
+    """Completions of the held-out prompts, `reps` per prompt, with their scores ([N] tensors each)."""
+
+    texts: list
+    truncated: list
+    reps: int
+    scores: dict
+    total: torch.Tensor
+    correct: torch.Tensor | None
+
+    def rows(self, idx: list[int]) -> list[int]:
+        """The rows of prompts `idx`."""
+        return [i * self.reps + j for i in idx for j in range(self.reps)]
+
+
+def _summary(greedy: Scored, sampled: Scored | None, idx: list[int]) -> dict:
+    """The metrics of `evaluate_task` over the prompts `idx`."""
+    from grpolab.algo.metrics import nanmean
+
+    g = torch.tensor(idx, dtype=torch.long)
+    out = {"greedy": {"reward": nanmean(greedy.total[g]), **{f"reward/{k}": nanmean(v[g])
+                                                             for k, v in greedy.scores.items()}}}
+    if greedy.correct is not None:
+        out["greedy"]["accuracy"] = nanmean(greedy.correct[g])
+    if sampled is not None:
+        k = sampled.reps
+        out["sampled"] = {"samples": k, "reward": nanmean(sampled.total[torch.tensor(sampled.rows(idx))])}
+        if sampled.correct is not None:
+            c = sampled.correct.view(-1, k)[g]
+            hit, scored = c == 1.0, ~torch.isnan(c).all(-1)
+            out["sampled"]["pass@1"] = float(hit[scored].float().mean()) if scored.any() else float("nan")
+            out["sampled"][f"pass@{k}"] = float(hit[scored].any(-1).float().mean()) if scored.any() else float("nan")
+    return out
+
+
+def group_rows(items, fields: tuple[str, ...]) -> dict[str, dict[str, list[int]]]:
+    """{field: {value: [prompt index]}} in first-seen order (a row without the field: "null"); a
+    ConfigError naming eval.group_by when no row has a field."""
+    from grpolab.config import ConfigError
+
+    out = {}
+    for f in fields:
+        if not any(f in it.meta for it in items):
+            have = sorted({k for it in items for k in it.meta})
+            raise ConfigError(f"eval.group_by: no held-out row has the field {f!r}; their fields: "
+                              f"{', '.join(have) or 'none'}")
+        groups: dict[str, list[int]] = {}
+        for i, it in enumerate(items):
+            v = it.meta.get(f)
+            groups.setdefault(v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str), []).append(i)
+        out[f] = groups
+    return out
+
+
+def _float(x: torch.Tensor) -> float | None:
+    v = float(x)
+    return None if math.isnan(v) else v
+
+
+def completion_records(items, greedy: Scored, sampled: Scored | None) -> list[dict]:
+    """One JSON-ready record per held-out prompt: prompt, metadata, the greedy completion with each
+    reward's score (None: abstained), the weighted reward and `correct`, then its samples likewise."""
+    def scored(sc: Scored, r: int) -> dict:
+        rec = {"completion": sc.texts[r], "truncated": bool(sc.truncated[r]),
+               "scores": {k: _float(v[r]) for k, v in sc.scores.items()}, "reward": _float(sc.total[r])}
+        if sc.correct is not None:
+            rec["correct"] = _float(sc.correct[r])
+        return rec
+
+    out = []
+    for i, it in enumerate(items):
+        rec = {"prompt": it.prompt, "meta": it.meta, **scored(greedy, i)}
+        if sampled is not None:
+            rec["samples"] = [scored(sampled, r) for r in sampled.rows([i])]
+        out.append(rec)
+    return out
+
+
+def write_completions(path, records: list[dict], append: bool = False, **extra) -> None:
+    """Writes (or appends) `records` to the JSONL file at `path`, each with the `extra` fields first
+    (e.g. model="final")."""
+    with open(path, "a" if append else "w") as f:
+        for rec in records:
+            f.write(json.dumps({**extra, **rec}, default=str) + "\n")
+
+
 def eval_items(cfg, tokenizer) -> list:
-    """The held-out prompts: data.eval_source (its first data.eval_prompts), or builtin:arith's split, or
+    """The held-out prompts: data.eval_source (every row, or its first data.eval_prompts), or builtin:arith's split, or
     builtin:seeds' held-out seeds."""
     from grpolab.config import ConfigError
-    from grpolab.data.build import arith_eval_items, prompt_stream
+    from grpolab.data.build import arith_eval_items, capped, prompt_stream
 
     if cfg.data.eval_source:
         stream = prompt_stream(cfg.replace(**{"data.source": cfg.data.eval_source}), tokenizer)
-        return list(stream.items)[: cfg.data.eval_prompts]
+        return capped(list(stream.items), cfg.data.eval_prompts, "data.eval_prompts")
     if cfg.data.source == "builtin:arith":
         return arith_eval_items(cfg)
     if cfg.data.source == "builtin:seeds":
         from grpolab.data.stream import held_out_seeds
 
-        return held_out_seeds(cfg.data.eval_prompts)
+        return held_out_seeds(cfg.data.builtin_eval_prompts)
     raise ConfigError(f"data.eval_source: the held-out prompts of data.source={cfg.data.source!r} are needed for "
                       "grpolab eval (e.g. data.eval_source=jsonl:heldout.jsonl); training prompts are not held out")
 
@@ -125,7 +216,7 @@ def evaluate_policy(model, tokenizer, cfg, samples: int = 0, items=None, best_of
         return evaluate_episodes(model, engine, items, cfg, samples)
     gen = torch.Generator(device=cfg.model.device).manual_seed(cfg.train.seed)
     rewards = build_rewards(cfg)
-    res = evaluate_task(model, engine, items, rewards, samples=samples, generator=gen)
+    res = evaluate_task(model, engine, items, rewards, samples=samples, generator=gen, group_by=cfg.eval.group_fields)
     arith = cfg.data.source == "builtin:arith" and not cfg.data.eval_source
     if arith:
         res["arith"] = {k: v for k, v in evaluate_arith(model, engine, items).items() if k != "examples"}
@@ -153,9 +244,11 @@ def evaluate_episodes(model, engine: HFEngine, items, cfg, samples: int = 0) -> 
 
 
 def format_eval(res: dict) -> str:
-    """The float metrics of an `evaluate_policy` result as a two-column table."""
+    """The float metrics of an `evaluate_policy` result as a two-column table (per group too: `by`)."""
     rows = [(part, k, v) for part in ("greedy", "sampled") for k, v in res.get(part, {}).items()]
     bo = res.get("best_of_n", {})
     rows += [(f"bo{bo['n']}:{part}", k, v) for part in ("greedy", "best_of_n", "sampled")
              for k, v in bo.get(part, {}).items()]
+    rows += [(f"{field}={value} {part}", k, v) for field, groups in res.get("by", {}).items()
+             for value, m in groups.items() for part in ("greedy", "sampled") for k, v in m.get(part, {}).items()]
     return "\n".join(f"{part:<18} {k:<28} {v:.4f}" for part, k, v in rows if isinstance(v, float))

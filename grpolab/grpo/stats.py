@@ -15,6 +15,7 @@ from grpolab.algo.metrics import correct_rows, nanmean, pair_accuracy
 from grpolab.grpo.episodes import episode_metrics
 from grpolab.rewards.base import RewardError, combine, score_batch
 from grpolab.rewards.registry import is_verifier
+from grpolab.rewards.signature import RewardSignatureError
 
 
 def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "StepStats",
@@ -27,7 +28,8 @@ def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "
     skip_group (its rows become NaN: abstain). The count of errors is kept in st, and so are the
     names of the verifier rewards, in config order (the candidates of the `accuracy` metric).
     Each row's metadata: its prompt's meta, `truncated`, `completion_tokens` (generated tokens,
-    EOS included) and, when given, `max_new_tokens` (rollout.max_new_tokens; rewards/shaping.py).
+    EOS included), `completion_ids` (those tokens' ids, a list) and, when given, `max_new_tokens`
+    (rollout.max_new_tokens; rewards/shaping.py).
     pool: a `rewards.pool.RewardPool` scoring on Ray reward workers (None = in this process).
     prompts: [N] the prompt of each row (default: each item's prompt). row_meta: [N] more metadata
     per row, over the rest (agent episodes: grpo.episodes.scoring_inputs').
@@ -35,10 +37,11 @@ def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "
     G = ro.group_size
     prompts = list(prompts) if prompts is not None else [it.prompt for it in items for _ in range(G)]
     trunc = ro.truncated.tolist()
-    lengths = ro.attention_mask[:, ro.prompt_len:].sum(-1).tolist()
+    mask = ro.attention_mask[:, ro.prompt_len:].bool()
+    ids = [row[m].tolist() for row, m in zip(ro.input_ids[:, ro.prompt_len:].cpu(), mask.cpu())]
     limit = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
-    metas = [{**items[i // G].meta, "truncated": trunc[i], "completion_tokens": int(lengths[i]), **limit,
-              **(row_meta[i] if row_meta is not None else {})} for i in range(len(texts))]
+    metas = [{**items[i // G].meta, "truncated": trunc[i], "completion_tokens": len(ids[i]), "completion_ids": ids[i],
+              **limit, **(row_meta[i] if row_meta is not None else {})} for i in range(len(texts))]
     scores, weights = {}, {}
     st.verifiers = [fn.name for fn, _w in rewards if is_verifier(fn)]
     st.proxies = [fn.name for fn, w in rewards if w != 0 and not is_verifier(fn)]
@@ -52,6 +55,8 @@ def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "
             else:
                 scores[fn.name] = score_batch(fn, prompts, texts, metas)
         except Exception as e:  # noqa: BLE001 - a user's reward function may raise anything
+            if isinstance(e, RewardSignatureError):  # the data, not the reward's luck: on_error does not apply
+                raise RewardError(str(e)) from None
             if on_error == "raise":
                 if isinstance(e, RewardError):
                     raise

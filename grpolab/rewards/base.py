@@ -20,9 +20,10 @@ import torch
 
 from grpolab.algo.advantages import group_normalize
 from grpolab.rewards.registry import build_reward, register_reward, reward_names
+from grpolab.rewards.signature import RewardSignatureError
 
-__all__ = ["RewardError", "RewardFn", "build_reward", "call_with_timeout", "combine", "probe_reward", "probe_rewards",
-           "register_reward", "reward_names", "score_batch"]
+__all__ = ["RewardError", "RewardFn", "RewardSetupError", "build_reward", "call_with_timeout", "combine",
+           "probe_reward", "probe_rewards", "register_reward", "reward_names", "score_batch"]
 
 
 @runtime_checkable
@@ -46,6 +47,11 @@ class RewardFn(Protocol):
 
 class RewardError(RuntimeError):
     """A reward function failed or broke the protocol; the message names it and the row."""
+
+
+class RewardSetupError(RewardError):
+    """A reward that cannot be called on this data (its parameters do not fit the rows' fields):
+    found by the start-up probe, always fatal (train.on_reward_error does not apply)."""
 
 
 def score_batch(
@@ -126,7 +132,9 @@ def probe_reward(fn: RewardFn, prompts: Sequence[str], metadata: Sequence[dict[s
     Raises RewardError naming the function (and the row where one is at fault).
     """
     try:
-        score_batch(fn, prompts, [""] * len(prompts), metadata)
+        score_batch(fn, prompts, [""] * len(prompts), [{**m, "completion_ids": []} for m in metadata])
+    except RewardSignatureError as e:
+        raise RewardSetupError(f"{e} [found at start-up, probing the first prompts]") from None
     except RewardError as e:
         raise RewardError(f"{e} [found at start-up: probed with an empty completion per prompt]") from e
     except Exception as e:  # noqa: BLE001 - a user's reward function may raise anything
@@ -143,7 +151,7 @@ def probe_rewards(rewards: Sequence[tuple[RewardFn, float]], prompts: Sequence[s
         try:
             probe_reward(fn, prompts, metadata)
         except RewardError as e:
-            if on_error == "raise":
+            if on_error == "raise" or isinstance(e, RewardSetupError):
                 raise
             print(f"grpolab: warning: {e}", file=sys.stderr)
 

@@ -11,8 +11,10 @@ function. The name is looked up in this order:
    - a class: a factory, instantiated with the kwargs;
    - any other callable, with kwargs in the entry: a factory, called with the kwargs; it must
      return the reward function;
-   - any other callable, without kwargs: the reward function itself,
-     `fn(prompts, completions, metadata) -> list[float | None]`.
+   - any other callable, without kwargs: the reward function itself, grpolab's
+     `fn(prompts, completions, metadata) -> list[float | None]` or TRL's
+     `fn(prompts, completions, completion_ids, **columns)` (told apart once, by
+     grpolab.rewards.signature; a TRL-style one is wrapped in a `KeywordReward`).
    A factory that takes no arguments must therefore be a class (or registered by name).
 
 Every built reward gets two attributes: `name` (its own `name`, else the config name) and
@@ -41,6 +43,7 @@ from typing import Any, Callable, Sequence
 
 from grpolab.errors import ConfigError
 from grpolab.imports import import_object
+from grpolab.rewards.signature import KEYWORD, KeywordReward, reward_style
 
 VERIFIER_KWARG = "verifier"
 """Reserved key of a reward entry's kwargs: overrides the reward's verifier flag."""
@@ -173,7 +176,9 @@ def build_reward(name: str, **kwargs: Any):
         fn = _from_module(name, kwargs)
     else:
         raise _unknown(name)
-    if isinstance(fn, _FUNCTION_TYPES):
+    if reward_style(fn, name) == KEYWORD:
+        fn = KeywordReward(fn, name)
+    elif isinstance(fn, _FUNCTION_TYPES):
         fn = FunctionReward(fn, name)
     fn.name = getattr(fn, "name", name) or name
     fn.verifier = bool(getattr(fn, "verifier", False)) if verifier is None else verifier
@@ -193,7 +198,7 @@ def build_rewards(cfg) -> list:
 
     rewards = []
     for spec in cfg.rewards:
-        kwargs = spec.kwargs
+        kwargs = spec.kwargs if spec.verifier is None else {**spec.kwargs, VERIFIER_KWARG: spec.verifier}
         if spec.name == "self_likelihood" and "path" not in kwargs and "model" not in kwargs:
             pi0, tok = load_policy(cfg.replace(**{"model.lora_rank": 0}))
             kwargs = {**kwargs, "model": pi0, "tokenizer": tok}

@@ -7,7 +7,11 @@ command continues that run (`--resume`, same command) or was given `--overwrite`
 old run aside (`DIR.old-<time>`), never deletes it. `run.json` records the command and whether the
 run finished, independent of its checkpoints:
 
-    {"command": "train", "status": "running" | "finished", "started": "...", "finished": "..."}
+    {"command": "train", "status": "running" | "finished" | "failed" | "stopped", "started": "...",
+     "finished": "...", "error": "..."}
+
+A command that raises records "failed" and the error (`recording_failure`); one stopped by a signal
+or Ctrl-C records "stopped" (resumable where the command resumes).
 
 One process writes a folder at a time: `claim` first takes the folder's lock (grpolab.rundir.lock),
 held until the command ends, so a second run, resume or command into a folder in use is refused
@@ -19,6 +23,7 @@ only the files it wrote there before and that are unchanged since (their SHA-256
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -139,6 +144,24 @@ def claim(path: Path, command: str, *, resume: bool = False, overwrite: bool = F
 def mark_finished(path: Path) -> None:
     """Records in run.json that the run at `path` finished."""
     _write(path, {**read_run(path), "status": "finished", "finished": _now()})
+
+
+def mark_stopped(path: Path, error: str = "", status: str = "failed") -> None:
+    """Records in run.json that the run at `path` ended unfinished: `status` failed (with the error) or stopped."""
+    _write(path, {**read_run(path), "status": status, "ended": _now(), **({"error": error[:500]} if error else {})})
+
+
+@contextlib.contextmanager
+def recording_failure(path: Path, enabled: bool = True):
+    """Runs the block; an exception leaving it marks the run at `path` failed (KeyboardInterrupt: stopped)
+    in run.json before it propagates. enabled=False (ranks other than 0) records nothing."""
+    try:
+        yield
+    except BaseException as e:
+        if enabled and path.is_dir():
+            stopped = isinstance(e, KeyboardInterrupt)
+            mark_stopped(path, "" if stopped else f"{type(e).__name__}: {e}", "stopped" if stopped else "failed")
+        raise
 
 
 def model_folder(path) -> str:

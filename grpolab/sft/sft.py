@@ -18,6 +18,7 @@ from grpolab.data.collate import pack_pairs
 from grpolab.data.stream import shuffled_batches
 from grpolab.forward import completion_logprobs
 from grpolab.algo.optim import adamw, lr_lambda
+from grpolab.data.arith import BUILTIN_SFT_EXAMPLES
 
 
 def train_sft(
@@ -76,8 +77,30 @@ def train_sft(
     return losses
 
 
+def progress_printer(steps: int, say: Callable[[str], None] = print,
+                     every: int | None = None) -> Callable[[int, float], None]:
+    """An `on_step` for train_sft that says "[sft] step i/N loss L, S s/step, elapsed E, ETA T" at step 1,
+    every `every` steps (default: a tenth of the run, at most 50) and the last; the time per step is
+    the mean since the first step began."""
+    from grpolab.report.progress import format_duration
+
+    every = every or max(1, min(50, steps // 10))
+    t0 = time.perf_counter()
+
+    def on_step(i: int, loss: float) -> None:
+        n = i + 1
+        if n == 1 or n % every == 0 or n == steps:
+            elapsed = time.perf_counter() - t0
+            per = elapsed / n
+            say(f"[sft] step {n}/{steps} loss {loss:.4f}, {per:.3f} s/step, elapsed {format_duration(elapsed)}, "
+                f"ETA {format_duration(per * (steps - n))}")
+
+    return on_step
+
+
 def sft_builtin(model, tokenizer, task, cfg, say: Callable[[str], None] = print) -> list[float]:
-    """SFT of `model` on the built-in task's TRAINING side as `cfg.sft` says: `examples` drawn with
+    """SFT of `model` on the built-in task's TRAINING side as `cfg.sft` says: `examples` (None:
+    BUILTIN_SFT_EXAMPLES) drawn with
     `refusal_examples` refusals (of `refusal_kinds`), stopping early once greedy accuracy on a probe
     of `probe_prompts` training-side prompts reaches `stop_at_accuracy` (checked every `probe_every`
     steps; 0 = run all `steps`). Held-out prompts are never looked at. Returns the step losses."""
@@ -85,14 +108,12 @@ def sft_builtin(model, tokenizer, task, cfg, say: Callable[[str], None] = print)
     from grpolab.evaluation.evaluate import evaluate_arith
 
     sc, seed = cfg.sft, cfg.train.seed
-    pairs = task.sft_examples(random.Random(seed), sc.examples, refusal_examples=sc.refusal_examples,
-                              answer_noise=sc.answer_noise, refusal_kinds=sc.refusal_kinds or None)
+    pairs = task.sft_examples(random.Random(seed), sc.examples or BUILTIN_SFT_EXAMPLES,
+                              refusal_examples=sc.refusal_examples, answer_noise=sc.answer_noise,
+                              refusal_kinds=sc.refusal_kinds or None)
     say(f"[sft] {len(pairs)} examples ({sc.refusal_examples} refusals), at most {sc.steps} steps")
     t = time.perf_counter()
-
-    def on_step(i, loss):
-        if (i + 1) % 50 == 0 or i + 1 == sc.steps:
-            say(f"[sft] step {i + 1}/{sc.steps} loss {loss:.4f} ({time.perf_counter() - t:.0f} s)")
+    on_step = progress_printer(sc.steps, say)
 
     stop_when = None
     if sc.stop_at_accuracy > 0:

@@ -98,7 +98,9 @@ def test_seed_pipeline_runs_every_stage(tmp_path, at_root, capsys):
 def test_stopped_grpo_stage_resumes(tmp_path, at_root, capsys):
     out = tmp_path / "p"
     killer = ["grpo.train.steps=4", "grpo.rewards=[test_pipeline_sigterm]"]
-    STOP_AT_CALL.update(n=0, at=2)  # call 1 is the start-up probe; SIGTERM in the first step, which finishes
+    # calls 1 and 2 are the probes (the pipeline's, before any stage; GRPO's start-up); SIGTERM in the first
+    # step, which finishes
+    STOP_AT_CALL.update(n=0, at=3)
     assert _run(out, *killer) == 2
     assert "stopped before its last step" in capsys.readouterr().err
     done = len((out / "grpo" / "metrics.jsonl").read_text().splitlines())

@@ -53,7 +53,7 @@ def test_config_reference_lists_every_field(capsys):
             assert any(line.startswith(f"{f.name}: ") for line in lines), f.name
     assert "loss.loss_agg: str = token-mean" in lines  # the preset's value
     assert "loss.clip_eps_high: float = 0.28" in lines
-    assert "rewards[0]: RewardSpec = {kwargs: {}, label: '', name: exact_match, weight: 1.0}" in lines
+    assert "rewards[0]: RewardSpec = {kwargs: {}, label: '', name: exact_match, verifier: null, weight: 1.0}" in lines
 
 
 def _choices(out: str, field: str) -> list[str]:

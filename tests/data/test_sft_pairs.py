@@ -56,8 +56,11 @@ def test_grpolab_sft_on_a_jsonl_file_learns_its_pairs(tmp_path, capsys):
                  f"run.out_dir={out}", "run.threads=1"])
     assert code == 0
     printed = capsys.readouterr().out
-    losses = [float(line.split("loss ")[1]) for line in printed.splitlines() if line.startswith("[sft] step")]
-    assert len(losses) == 4 and losses[-1] < losses[0] / 10, losses  # steps 1, 50, 100, 150
+    lines = [line for line in printed.splitlines() if line.startswith("[sft] step")]
+    losses = [float(line.split("loss ")[1].split(",")[0]) for line in lines]
+    assert len(losses) == 11 and losses[-1] < losses[0] / 10, losses  # steps 1, 15, 30, ..., 150
+    assert lines[-1].startswith("[sft] step 150/150 loss") and " s/step, elapsed " in lines[-1]
+    assert lines[-1].endswith("ETA 0:00") and lines[0].startswith("[sft] step 1/150 loss")
     model, tok = load_model(out / "final")
     ro = HFEngine(tok, max_new_tokens=4).generate_with(model, list(targets), 1, greedy=True)
     texts = HFEngine(tok, max_new_tokens=4).decode(ro)

@@ -56,7 +56,8 @@ def test_score_rollout_gives_each_row_its_generated_tokens_and_the_limit():
     items = [SimpleNamespace(prompt="1+1=", meta={"answer": "2", "answerable": True})]
     # prompt width 2; completions of 3, 1 and 4 tokens (EOS included) in a width of 4
     am = torch.tensor([[0, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0], [0, 1, 1, 1, 1, 1]], dtype=torch.bool)
-    ro = SimpleNamespace(group_size=3, truncated=torch.tensor([False, False, True]), prompt_len=2, attention_mask=am)
+    ro = SimpleNamespace(group_size=3, truncated=torch.tensor([False, False, True]), prompt_len=2, attention_mask=am,
+                         input_ids=torch.arange(18).view(3, 6))
     seen = []
 
     def spy(prompts, completions, metadata):
@@ -68,5 +69,6 @@ def test_score_rollout_gives_each_row_its_generated_tokens_and_the_limit():
     scores, _ = score_rollout([(spy, 1.0), (overlong, 1.0)], items, ["a", "b", "c"], ro, "raise", StepStats(0),
                               max_new_tokens=4)
     assert [m["completion_tokens"] for m in seen] == [3, 1, 4]
+    assert [m["completion_ids"] for m in seen] == [[2, 3, 4], [8], [14, 15, 16, 17]]  # the unpadded completion ids
     assert all(m["max_new_tokens"] == 4 and m["answer"] == "2" for m in seen)
     assert scores["overlong"].tolist() == [-0.5, 0.0, -1.0]

@@ -19,7 +19,9 @@ def _step(rewards):
     texts = ["2", "3", REFUSAL, "5"]
     n = len(texts)
     ro = SimpleNamespace(group_size=G, truncated=torch.zeros(n, dtype=torch.bool), prompt_len=1,
-                         attention_mask=torch.ones(n, 3, dtype=torch.long), advantages=torch.zeros(n))
+                         attention_mask=torch.ones(n, 3, dtype=torch.long),
+                         input_ids=torch.zeros(n, 3, dtype=torch.long),
+                         advantages=torch.zeros(n))
     st = StepStats(0)
     scores, combined = score_rollout(rewards, items, texts, ro, "raise", st)
     ro.rewards = combined

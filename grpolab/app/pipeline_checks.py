@@ -1,0 +1,158 @@
+"""What `grpolab pipeline` checks before its first stage runs, so that no stage fails late on input an
+earlier stage could not have changed:
+
+- every stage's config is valid (the SFT stage's as `grpolab sft` runs it; the GRPO and eval configs
+  are validated when the file is loaded, the reward models' options are typed there too);
+- every stage's input files exist (those an earlier stage writes aside) and read as that stage reads
+  them: SFT pairs, preference pairs, GRPO and held-out prompts, each row parsed (file:line named);
+- every reward of the GRPO stage and of the evaluation is imported, built and probed on the first
+  row of the prompts it will score (grpolab.rewards.base.probe_reward), except the learned ones
+  (reward models, self-likelihood), whose models the stages write or load;
+- every eval.group_by field is a field of the held-out rows.
+
+The checks read the files without a tokenizer (no chat template): the stages render them again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from grpolab.errors import ConfigError
+
+NOT_PROBED = ("reward_model", "reward_model_ensemble", "self_likelihood")
+"""Rewards built on a model: not built before the stages (a reward model is trained by one)."""
+
+
+def source_path(source: str | None) -> Path | None:
+    """The local file or folder a data source reads (jsonl:PATH, hf:PATH), else None."""
+    kind, sep, rest = (source or "").partition(":")
+    return Path(rest) if sep and kind in ("jsonl", "hf") else None
+
+
+def model_path(name: str) -> Path | None:
+    """A model given as a local folder or file (not a hub id or a built-in name)."""
+    return Path(name) if name and not name.startswith("builtin:") and Path(name).exists() else None
+
+
+def rm_base(p, opts: dict[str, Any]) -> str:
+    """A reward model's backbone: its `base`, else the SFT stage's model ("sft"), else the GRPO stage's."""
+    if opts.get("base") is not None:
+        return str(opts["base"])
+    return "sft" if p.sft is not None else p.grpo.model.name_or_path
+
+
+def stage_inputs(p) -> dict[str, dict[str, Path]]:
+    """Each stage's input files and folders: {stage: {field: path}} (data files, a local model, a base).
+    p: a grpolab.app.pipeline.Pipeline."""
+    out: dict[str, dict[str, Path | None]] = {}
+    if p.sft is not None:
+        out["sft"] = {"sft.data.source": source_path(p.sft.data.source),
+                      "sft.model.name_or_path": model_path(p.sft.model.name_or_path)}
+    for name, opts in p.reward_models.items():
+        base = rm_base(p, opts)
+        out[f"reward_models:{name}"] = {
+            f"reward_models.{name}.data": None if str(opts["data"]).startswith("builtin:") else Path(opts["data"]),
+            f"reward_models.{name}.eval_data": Path(opts["eval_data"]) if opts.get("eval_data") else None,
+            f"reward_models.{name}.base": p.sft_dir / "final" if base == "sft" else model_path(base)}
+    grpo = {"grpo.data.source": source_path(p.grpo.data.source),
+            "grpo.data.eval_source": source_path(p.grpo.data.eval_source)}
+    grpo["grpo.model.name_or_path"] = p.sft_dir / "final" if p.sft is not None else model_path(
+        p.grpo.model.name_or_path)
+    out["grpo"], out["eval"] = grpo, {"grpo.data.eval_source": grpo["grpo.data.eval_source"]}
+    return {stage: {k: v for k, v in files.items() if v is not None} for stage, files in out.items()}
+
+
+def check_inputs(p) -> None:
+    """Every stage's input files exist (those an earlier stage writes aside): one ConfigError naming the
+    field and the path before any stage runs."""
+    for stage, files in stage_inputs(p).items():
+        for field, path in files.items():
+            if not path.exists() and p.out_dir not in path.parents:
+                raise ConfigError(f"{p.source}: {field}: {str(path)!r} does not exist (every stage's inputs are "
+                                  "checked before any stage runs)")
+
+
+def _read(p, field: str, load) -> Any:
+    try:
+        return load()
+    except (ValueError, OSError, KeyError) as e:
+        raise ConfigError(f"{p.source}: {field}: {e} (every stage's inputs are read before any stage runs)") from None
+
+
+def prompt_rows(cfg, source: str) -> list:
+    """The prompt items of `source` under cfg.data's field names, read without a tokenizer; one item of a
+    built-in or reasoning-gym source (nothing to check there but the probe's row)."""
+    from grpolab.data.build import prompt_stream
+
+    plain = cfg.replace(**{"data.source": source, "data.chat_template": False})
+    stream = prompt_stream(plain, None)
+    return list(stream.items) if hasattr(stream, "items") else stream.next_batch(1)
+
+
+def read_inputs(p, grpo_cfg) -> dict[str, list]:
+    """Reads every stage's data files as the stage will (each row parsed); returns the GRPO stage's
+    prompts and held-out prompts by field (for the reward probe)."""
+    from grpolab.data.preferences import load_pairs
+    from grpolab.data.sft_pairs import load_sft_pairs
+
+    if p.sft is not None and source_path(p.sft.data.source) is not None:
+        d = p.sft.data
+        _read(p, "sft.data.source", lambda: load_sft_pairs(
+            d.source, response_field=d.response_field, prompt_field=d.prompt_field, messages_field=d.messages_field,
+            tokenizer=None, use_chat_template=False))
+    for name, opts in p.reward_models.items():
+        for key in ("data", "eval_data"):
+            path = str(opts.get(key) or "")
+            if path and not path.startswith("builtin:"):
+                _read(p, f"reward_models.{name}.{key}", lambda: load_pairs(path))
+    out = {"grpo.data.source": _read(p, "grpo.data.source", lambda: prompt_rows(grpo_cfg, grpo_cfg.data.source))}
+    if grpo_cfg.data.eval_source:
+        out["grpo.data.eval_source"] = _read(p, "grpo.data.eval_source",
+                                             lambda: prompt_rows(grpo_cfg, grpo_cfg.data.eval_source))
+    return out
+
+
+def probe_rewards_on(p, field: str, cfg, rows: list) -> None:
+    """Builds cfg's rewards (but the learned ones) and probes each on the first of `rows`; a ConfigError
+    naming the pipeline file, `field` and the reward when one cannot be built or fails."""
+    from grpolab.rewards.base import RewardError, probe_reward
+    from grpolab.rewards.registry import build_rewards
+
+    specs = [dataclasses.asdict(r) for r in cfg.rewards if r.name not in NOT_PROBED]
+    if not specs or not rows:
+        return
+    try:
+        rewards = build_rewards(cfg.replace(rewards=specs))
+    except ConfigError as e:
+        raise ConfigError(f"{p.source}: {field}: {e}") from None
+    first = rows[0]
+    for fn, _w in rewards:
+        try:
+            probe_reward(fn, [first.prompt], [{**first.meta, "truncated": False}])
+        except RewardError as e:
+            raise ConfigError(f"{p.source}: {field}: {e} (every stage's rewards are probed before any stage "
+                              "runs)") from None
+
+
+def preflight(p, grpo_cfg, eval_cfg) -> None:
+    """Every check of the module docstring, in order; the first failure is a ConfigError naming the
+    pipeline file and the field. grpo_cfg / eval_cfg: the GRPO stage's and the evaluation's configs."""
+    if p.sft is not None:
+        try:
+            p.sft.replace(**{"loss.policy_loss": "sft"}).validate()
+        except ConfigError as e:
+            raise ConfigError(f"{p.source}: sft: {e}") from None
+    check_inputs(p)
+    rows = read_inputs(p, grpo_cfg)
+    probe_rewards_on(p, "grpo.rewards", grpo_cfg, rows["grpo.data.source"])
+    held_out = rows.get("grpo.data.eval_source") or rows["grpo.data.source"]
+    probe_rewards_on(p, "eval.rewards", eval_cfg, held_out)
+    if eval_cfg.eval.group_fields and "grpo.data.eval_source" in rows:
+        from grpolab.evaluation.evaluate import group_rows
+
+        try:
+            group_rows(held_out, eval_cfg.eval.group_fields)
+        except ConfigError as e:
+            raise ConfigError(f"{p.source}: {e} (grpo.data.eval_source={eval_cfg.data.eval_source!r})") from None

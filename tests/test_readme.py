@@ -26,6 +26,8 @@ def test_the_from_python_script_runs_as_written(tmp_path, monkeypatch, capsys):
     code = _snippet("## From Python")
     assert "def reward(prompts, completions, metadata)" in code and "grpolab.train(" in code
     assert len(code.splitlines()) <= 16
+    import grpolab.api.runs  # noqa: F401  (imported before the patch: its own make_config stays the real one)
+
     real = configs.make_config
     made = []
 

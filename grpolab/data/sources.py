@@ -218,18 +218,9 @@ def hub_dataset_folder(repo_id: str) -> Path:
     `datasets.load_dataset` downloaded it; fetched when missing unless HF_HUB_OFFLINE=1. FileNotFoundError
     naming the id when it is neither cached nor reachable."""
     require("huggingface_hub", "tasks")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from grpolab.hub import hub_folder
 
-    try:
-        return Path(snapshot_download(repo_id, repo_type="dataset"))
-    except LocalEntryNotFoundError:
-        raise FileNotFoundError(f"dataset {repo_id!r}: no such local file or folder, not in the Hugging Face cache "
-                                "(HF_HOME / HF_HUB_CACHE), and the hub cannot be reached (HF_HUB_OFFLINE=1 or no "
-                                "network); download it where there is a network, or give a local path") from None
-    except (HfHubHTTPError, OSError, ValueError) as e:
-        raise FileNotFoundError(f"dataset {repo_id!r}: cannot be fetched from the Hugging Face hub "
-                                f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    return hub_folder(repo_id, "dataset")
 
 
 def dataset_rows(path: Path, split: str = "train", cache_dir: str | None = None):

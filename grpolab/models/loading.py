@@ -214,18 +214,9 @@ def hub_snapshot(repo_id: str) -> Path:
     """The local folder of a hub model, as transformers gets it: the Hugging Face cache (HF_HOME,
     HF_HUB_CACHE), downloaded when missing unless HF_HUB_OFFLINE=1. FileNotFoundError naming the id
     when it is neither cached nor reachable."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from grpolab.hub import hub_folder
 
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
-    except LocalEntryNotFoundError:
-        raise FileNotFoundError(f"model {repo_id!r}: no such local folder, not in the Hugging Face cache, and the "
-                                "hub cannot be reached (HF_HUB_OFFLINE=1 or no network); download it where there "
-                                "is a network, or give a local folder") from None
-    except (HfHubHTTPError, OSError, ValueError) as e:
-        raise FileNotFoundError(f"model {repo_id!r}: cannot be fetched from the Hugging Face hub "
-                                f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    return hub_folder(repo_id, "model", allow_patterns=HUB_FILES)
 
 
 def resolve_model_path(name_or_path: str | os.PathLike) -> Path:

@@ -86,7 +86,7 @@ def test_rows_and_a_reward_callable_as_python_objects(tmp_path, monkeypatch):
     assert {"reward/ends_in_digit/mean", "reward/mean"} <= set(res.metrics[0])
     assert calls and all(p.endswith("=") for p in calls[-1][0])  # the rows' prompts, their metadata
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    assert saved["rewards"] == [{"name": "ends_in_digit", "weight": 0.5, "kwargs": {}, "label": ""}]
+    assert saved["rewards"] == [{"name": "ends_in_digit", "weight": 0.5, "kwargs": {}, "label": "", "verifier": None}]
     source = saved["data"]["source"]
     assert source.startswith(f"jsonl:{tmp_path / 'cache'}") and len(Path(source[6:]).read_text().splitlines()) == 8
     with pytest.raises(ConfigError, match=r"data\[1\]"):

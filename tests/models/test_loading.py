@@ -255,5 +255,5 @@ def test_a_hub_id_loads_from_the_hugging_face_cache_and_is_named_when_not_there(
     loaded, _ = load_model("someorg/tiny-model")
     for name, value in model.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], value)
-    with pytest.raises(FileNotFoundError, match="'someorg/missing': no such local folder, not in the Hugging Face cache"):
+    with pytest.raises(FileNotFoundError, match="'someorg/missing': no such local file or folder, not in the Hugging Face cache"):
         load_model("someorg/missing")

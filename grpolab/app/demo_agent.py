@@ -39,7 +39,7 @@ AGENT_OVERRIDES = [
 """Both tasks' GRPO settings, on top of the grpo_no_kl preset."""
 TASKS = {
     "calculator": (data.calculator_spec, ["train.steps=40"]),
-    "guess": (data.guess_spec, ["train.steps=40"]),
+    "guess": (data.guess_spec, ["train.steps=40", "train.lr=6e-4"]),
 }
 """Task name -> (its AgentSpec, its own overrides)."""
 QUICK_OVERRIDES = ["train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "train.minibatch_size=16",

@@ -192,7 +192,7 @@ def sft_transcripts(tokenizer, seed: int, calc_episodes: int, guess_episodes: in
 
 
 PI0_MODEL = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "max_positions": 512}
-PI0_SFT = {"steps": 500, "batch_size": 16, "lr": 3e-3, "betas": (0.9, 0.95), "warmup_steps": 20}
+PI0_SFT = {"steps": 1200, "batch_size": 16, "lr": 3e-3, "betas": (0.9, 0.95), "warmup_steps": 20}
 PI0_DATA = {"calc_episodes": 3600, "guess_episodes": 1500}
 
 

@@ -43,6 +43,8 @@ def _rows(run: Path) -> list[dict]:
 
 @pytest.mark.parametrize("parallel,lora", [("ddp", 4), ("fsdp2", 0)])
 def test_checkpointing_on_two_ranks_changes_nothing(tmp_path, parallel, lora):
+    if lora:
+        pytest.importorskip("peft", reason="peft is not installed (grpolab[lora])")
     (tmp_path / "cfg.yaml").write_text(CONFIG % (lora, parallel))
     plain = _train(tmp_path, tmp_path / "plain", False)
     ckpt = _train(tmp_path, tmp_path / "ckpt", True)

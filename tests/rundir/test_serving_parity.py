@@ -32,7 +32,8 @@ def exported(tmp_path_factory):
     mp.setenv("GRPOLAB_CACHE", str(tmp / "cache"))
     small = {"model.name_or_path": "builtin:tiny-chat", "model.hidden_size": 48, "model.num_layers": 2,
              "model.num_heads": 2, "sft.steps": 60, "sft.lr": 3e-3, "sft.batch_size": 8, "sft.microbatch_size": 8,
-             "run.out_dir": str(tmp / "sft"), "run.tensorboard": False, "run.progress": False}
+             "run.out_dir": str(tmp / "sft"), "run.tensorboard": False, "run.progress": False,
+             "model.dtype": "float32"}  # transformers serves in float32; auto would pick bf16 on bf16 CPUs
     run = grpolab.train_sft("sft", small, data=_rows(WORDS, with_reply=True))
     yield run, grpolab.export(run.run_dir, tmp / "exported")
     mp.undo()
@@ -44,7 +45,7 @@ def reversed_word(prompts, completions, metadata):
 
 def test_transformers_greedy_generate_equals_grpolab_eval(exported):
     run, folder = exported
-    ev = grpolab.evaluate(str(folder), run.run_dir / "config.yaml", {"rollout.max_new_tokens": MAX_NEW},
+    ev = grpolab.evaluate(str(folder), run.run_dir / "config.yaml", {"rollout.max_new_tokens": MAX_NEW, "model.dtype": "float32"},
                           rewards=[reversed_word], eval_data=_rows(WORDS))
     by_prompt = {ex["prompt"]: ex["completion"] for ex in ev.metrics["examples"]}
     tok = AutoTokenizer.from_pretrained(folder)

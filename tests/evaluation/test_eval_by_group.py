@@ -10,21 +10,11 @@ import pytest
 from grpolab import cli, config as C
 from grpolab.errors import ConfigError
 from grpolab.evaluation.evaluate import eval_items
-from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "rollout.max_new_tokens=4"]
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)[::-1], "answerable": True, "kind": "small" if a < 5 else "big",
          "n": a % 2} for a, b in ((1, 2), (3, 4), (6, 1), (7, 2), (8, 8))]
 ROWS.append({"prompt": "1/0=", "answer": None, "answerable": False})
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("m")
-    tok = build_char_tokenizer()
-    build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 @pytest.fixture

@@ -5,22 +5,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from grpolab import cli
-from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
 
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "rollout.max_new_tokens=4",
         "data.eval_prompts=12"]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("m")
-    tok = build_char_tokenizer()
-    build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def _eval(capsys, *argv) -> dict:

@@ -156,12 +156,13 @@ TABLE_KEYS = ("solved", "turns_to_solve/mean", "tool_calls/mean", "tool_calls/we
 
 def format_table(results: dict) -> str:
     """π0's and the final policy's held-out metrics per task, greedy and sampled."""
-    lines = [f"{'held-out metric':<36}{'π0':>8}{'final':>8}"]
+    rows = []
     for task, r in results.items():
         for mode in ("greedy", "sampled"):
             before, after = (r[w] if mode == "greedy" else r[w]["sampled"] for w in ("pi0", "final"))
-            for k in TABLE_KEYS:
-                a, b = before[k], after[k]
-                if a is not None and b is not None:
-                    lines.append(f"{f'{task} {mode} {k}':<36}{a:>8.3f}{b:>8.3f}")
+            rows += [(f"{task} {mode} {k}", before[k], after[k]) for k in TABLE_KEYS
+                     if before[k] is not None and after[k] is not None]
+    width = max([len("held-out metric")] + [len(name) for name, _, _ in rows]) + 2
+    lines = [f"{'held-out metric':<{width}}{'π0':>8}{'final':>8}"]
+    lines += [f"{name:<{width}}{a:>8.3f}{b:>8.3f}" for name, a, b in rows]
     return "\n".join(lines)

@@ -3,15 +3,18 @@ scripted (deliberately imperfect) transcripts π0 is SFT'd on, and `build_agent_
 
 The two tasks, both from agents/builtin.py, trained from the same π0:
 - the tool task: CalculatorTask (multiply two CALC_DIGITS-digit numbers; reward 1 for the exact
-  product) with the `calculator` tool; a tiny model cannot multiply in its head, so it must call the
-  tool, copy the operands into a well-formed call and copy the result back;
+  product) with this module's `calculator` tool; a tiny model cannot multiply in its head, so it must
+  call the tool, copy the operands into a well-formed call and copy the result back. The tool replies
+  like a calculator's display, "913 * 753 = 687489": the value follows " = ", an anchor the model can
+  find (copying a number that only follows the tool turn's header is learned far less reliably);
 - the multi-turn task: GuessNumber (a secret in [1, GUESS_N], GUESS_TURNS guesses, replies
-  "higher" / "lower" with the interval they leave: "higher, 5 to 8").
+  "higher" / "lower" with the interval they leave: "higher, 7 to 12"); bisection solves every game
+  (3.08 guesses on average), counting up from 1 only half of them, in 3.4 guesses on average.
 
 π0 is SFT'd on transcripts that use the tool only sometimes (most restate the expression and write a
 guessed product), whose calls are sometimes flawed (malformed JSON, a wrong tool name or argument, a
 mistyped operand), and whose guesses are partly bisection and partly a habit that ignores the
-replies. GRPO has to find the better behaviours among π0's own samples.
+replies (counting up from 1). GRPO has to find the better behaviours among π0's own samples.
 
 Items are {"seed": int}. Held-out items use seeds 0 .. n-1 (`heldout_items`); training items are
 drawn from [TRAIN_SEED_BASE, 2**31) (`training_items`), so the two never meet.
@@ -24,6 +27,7 @@ import re
 import time
 from typing import Any, Callable
 
+from grpolab.agents import builtin
 from grpolab.agents.agent import AgentSpec
 from grpolab.agents.builtin import last_integer
 
@@ -37,10 +41,10 @@ CHAT_TEMPLATE = (  # compact ChatML: one short system line names the tools; a to
 become the line "tools: calculator", and tool results {"role": "tool"} render as a ChatML turn of
 their own. Every message renders on its own, so environment replies are appends (agents/delta.py)."""
 
-CALCULATOR = "grpolab.agents.builtin:calculator"
+CALCULATOR = "grpolab.app.demo_agent_data:calculator"
 CALC_DIGITS = 3
-GUESS_N = 8
-GUESS_TURNS = 4
+GUESS_N = 12
+GUESS_TURNS = 6
 TRAIN_SEED_BASE = 10**6
 HELDOUT_ITEMS = 200
 
@@ -53,6 +57,15 @@ WORDS = (
 """Whole-word tokens of the demo's tokenizer: the chat template's and the tasks' fixed text and the
 call format's JSON, so a transcript is a few dozen tokens and only numbers are spelled digit by digit
 (the model copies operands into the call and the tool's result into its answer digit by digit)."""
+
+
+def calculator(expression: str) -> str:
+    """Evaluates an arithmetic expression on integers (+ - * / and parentheses); returns it with its value.
+
+    Args:
+        expression: The expression, e.g. "913 * 753".
+    """
+    return f"{expression.strip()} = {builtin.calculator(expression)}"
 
 
 def chat_tokenizer():
@@ -134,9 +147,9 @@ class CalculatorScript:
         found = re.search(r"(\d+) \* (\d+)", next(m["content"] for m in messages if m["role"] == "user"))
         a, b = int(found.group(1)), int(found.group(2))
         rng = _rng(self.salt, item["seed"], len(messages))
-        if messages[-1]["role"] == "tool":  # the tool answered: its number, else a guess
-            result = messages[-1]["content"]
-            return result if re.fullmatch(r"-?\d+", result) else str(_guessed_product(a, b, rng))
+        if messages[-1]["role"] == "tool":  # the tool answered: its value, else a guess
+            value = re.search(r"= (-?\d+)$", messages[-1]["content"])
+            return f"{a} * {b} = {value.group(1) if value else _guessed_product(a, b, rng)}"
         choice = _rng(self.salt, "behaviour", item["seed"]).random()
         if choice < self.tool:
             return tool_call_text("calculator", {"expression": f"{a} * {b}"})
@@ -162,10 +175,10 @@ def consistent_interval(messages: list[dict[str, Any]], n: int) -> tuple[int, in
 class GuessScript:
     """π0's GuessNumber transcripts (secrets in [1, n]): each guess, independently, with probability
     `careful` the middle of the interval the replies leave (bisection: solved within log2(n) + 1
-    guesses), otherwise a habit that ignores the replies: the first guess at random, then one more
-    than the last guess (1 after n)."""
+    guesses), otherwise a habit that ignores the replies: counting up, 1 first, then one more than
+    the last guess (1 after n). With careful < 0.5 the habit is each turn's most likely move."""
 
-    def __init__(self, careful: float = 0.4, n: int = GUESS_N, salt: str = "guess"):
+    def __init__(self, careful: float = 0.3, n: int = GUESS_N, salt: str = "guess"):
         self.careful, self.n, self.salt = careful, n, salt
 
     def __call__(self, messages: list[dict[str, Any]], item: dict[str, int]) -> str:
@@ -174,7 +187,7 @@ class GuessScript:
         if rng.random() < self.careful and lo <= hi:
             return str((lo + hi) // 2)
         last = last_integer(messages[-2]["content"]) if len(messages) > 1 else None
-        return str(rng.randint(1, self.n) if last is None else last % self.n + 1)
+        return str(1 if last is None else last % self.n + 1)
 
 
 def sft_transcripts(tokenizer, seed: int, calc_episodes: int, guess_episodes: int,
@@ -192,7 +205,7 @@ def sft_transcripts(tokenizer, seed: int, calc_episodes: int, guess_episodes: in
 
 
 PI0_MODEL = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "max_positions": 512}
-PI0_SFT = {"steps": 1200, "batch_size": 16, "lr": 3e-3, "betas": (0.9, 0.95), "warmup_steps": 20}
+PI0_SFT = {"steps": 1200, "batch_size": 16, "lr": 1e-3, "betas": (0.9, 0.95), "warmup_steps": 20}
 PI0_DATA = {"calc_episodes": 3600, "guess_episodes": 1500}
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from grpolab.app.demo_agent import run_agent_demo
+from grpolab.app.demo_agent import format_table, run_agent_demo
 
 QUIET = ["run.progress=false", "run.tensorboard=false", "run.threads=1"]
 
@@ -27,3 +27,10 @@ def test_the_quick_agent_demo_runs_both_tasks_and_resumes(tmp_path):
     assert (out / "pi0" / "model.safetensors").is_file() and json.loads((out / "eval.json").read_text())["seed"] == 0
     again = run_agent_demo(seed=0, quick=True, out=str(out), overrides=QUIET, resume=True, report=False)
     assert again["tasks"]["guess"]["final"] == payload["tasks"]["guess"]["final"]  # the finished runs, as they were
+
+
+def test_the_table_keeps_its_columns_aligned_and_skips_missing_figures():
+    m = {"solved": 0.5, "turns_to_solve/mean": None, "tool_calls/mean": 1.0, "tool_calls/well_formed": 0.75}
+    lines = format_table({"calculator": {"pi0": {**m, "sampled": m}, "final": {**m, "sampled": m}}}).splitlines()
+    assert len(lines) == 1 + 2 * 3 and len({len(line) for line in lines}) == 1
+    assert lines[-1].split() == ["calculator", "sampled", "tool_calls/well_formed", "0.750", "0.750"]

@@ -11,7 +11,7 @@ import dataclasses
 import difflib
 import types
 import typing
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
@@ -228,7 +228,11 @@ def dump_yaml(cfg) -> str:
 
 
 def apply_overrides(cfg, overrides: list[str]):
-    """Applies 'section.field=value' strings (values parsed as YAML) to a config dataclass, returning a new one."""
+    """Applies 'section.field=value' strings (values parsed as YAML) to a config dataclass, returning a new one.
+
+    A key inside a free-form mapping field (e.g. `environment.kwargs.env_id=...`) sets that entry,
+    creating it (and the mappings above it) when absent; any other unknown key is an error naming it.
+    """
     config_cls = type(cfg)
     d = dataclasses.asdict(cfg)
     for ov in overrides:
@@ -240,16 +244,31 @@ def apply_overrides(cfg, overrides: list[str]):
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
-        parts = key.split(".")
-        node = d
-        for i, p in enumerate(parts[:-1]):
-            if not isinstance(node, dict) or p not in node:
-                return build(config_cls, _set_unknown(d, parts[: i + 1]), "")  # raises with a hint
-            node = node[p]
-        if not isinstance(node, dict) or parts[-1] not in node:
-            return build(config_cls, _set_unknown(d, parts), "")
-        node[parts[-1]] = value
+        _set_override(config_cls, d, cfg, key.split("."), value)
     return build(config_cls, d, "")
+
+
+def _set_override(config_cls, d: dict, cfg, parts: list[str], value: Any) -> None:
+    """Sets `parts` (a dotted key) to `value` in `d` (cfg as dicts), walking cfg's dataclasses alongside
+    to tell a config section (known fields only) from a free-form mapping (any key)."""
+    node, obj = d, cfg
+    for i, p in enumerate(parts):
+        last = i == len(parts) - 1
+        if dataclasses.is_dataclass(obj) and isinstance(node, dict) and p in node:
+            if last:
+                node[p] = value
+            else:
+                node, obj = node[p], getattr(obj, p)
+        elif isinstance(obj, Mapping) and isinstance(node, dict):
+            if last:
+                node[p] = value
+            else:
+                if not isinstance(node.get(p), dict):
+                    node[p] = {}
+                node = obj = node[p]
+        else:
+            build(config_cls, _set_unknown(d, parts[: i + 1]), "")  # raises with a hint
+            raise _err(f"override {'.'.join(parts)}: {'.'.join(parts[: i + 1])} is not a config field")
 
 
 def _set_unknown(d: dict, parts: list[str]) -> dict:

@@ -268,3 +268,16 @@ def test_dynamic_sampling_settings_are_checked_and_the_dapo_preset_uses_them():
     with pytest.raises(C.ConfigError, match=r"rollout.dynamic_sampling_reward='acc' is not one of"):
         C.from_preset("dapo", ["rollout.dynamic_sampling_reward=acc"])
     assert C.from_preset("dapo", ["rollout.dynamic_sampling_reward=exact_match"]).rollout.dynamic_sampling_reward
+
+
+def test_an_override_inside_a_free_form_mapping_sets_it_and_the_next_overrides_still_apply():
+    cfg = C.from_preset("grpo_no_kl", ["environment.name=grpolab.agents.builtin:GuessNumber",
+                                       "environment.kwargs.n=12", "environment.kwargs.opts.hint=true", "train.steps=7"])
+    assert dict(cfg.environment.kwargs) == {"n": 12, "opts": {"hint": True}} and cfg.train.steps == 7
+
+
+@pytest.mark.parametrize("override, named", [("environment.kwarg.n=1", "environment.kwargs"),
+                                             ("train.stepz=3", "train.steps"), ("trian.steps=3", "trian")])
+def test_an_unknown_override_key_is_named(override, named):
+    with pytest.raises(C.ConfigError, match=named):
+        C.from_preset("grpo", [override])

@@ -85,7 +85,8 @@ class TextArenaEnv:
         with self._own_random():
             rewards, game_info = self.env.close()
         reason = (game_info or {}).get(_PLAYER, {}).get("reason")
-        return self._observations([reason] if reason else []), float(rewards[_PLAYER]), True
+        reward = (rewards or {}).get(_PLAYER)  # None: the game ended without scoring the player
+        return self._observations([reason] if reason else []), None if reward is None else float(reward), True
 
     def _observations(self, extra: list[str]) -> list[dict[str, str]]:
         """The game's new observations for the player (without the echo of its own action), then

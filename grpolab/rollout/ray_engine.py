@@ -17,8 +17,8 @@ engine's own `load_weights` (vLLM: its weight-loading path); the call returns wh
 holds the new version; the loop times it (`sync/seconds`) and the bytes sent are kept
 (`sync/bytes`). Workers take calls in the order they arrive (one thread each), so
 a generation submitted before a sync samples from the weights before it: that is how
-rollout.overlap runs one version behind (grpolab/grpo/overlap.py). Every Rollout carries the
-weight version that sampled it.
+rollout.overlap=K runs up to K versions behind (grpolab/grpo/overlap.py). Every Rollout carries the
+weight version that sampled it (every episode too, where workers' batches are merged).
 
 Actors are named per run (`grpolab-<token>-rollout-<i>`): rank 0 creates them, other trainer ranks
 look them up, and `close()` ends them. A worker that dies (killed, its process ended) ends the run with
@@ -161,11 +161,14 @@ class PendingRollout:
 
 
 def merge_episodes(parts: list[EpisodeBatch]) -> EpisodeBatch:
-    """The workers' EpisodeBatches as one, in order (their engine counters summed; the oldest weight version)."""
+    """The workers' EpisodeBatches as one, in order (their engine counters summed; the oldest weight
+    version, and each episode keeps its own in Episode.weight_version)."""
     stats: dict[str, int] = {}
     for p in parts:
         for k, v in p.stats.items():
             stats[k] = stats.get(k, 0) + v
+        for e in p.episodes:
+            e.weight_version = p.weight_version if e.weight_version is None else e.weight_version
     return EpisodeBatch([e for p in parts for e in p.episodes], parts[0].group_size, parts[0].pad_id,
                         min(p.weight_version for p in parts), stats)
 

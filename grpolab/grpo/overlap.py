@@ -15,7 +15,10 @@ thus learns on a batch `rollout/staleness` = min(j, K) weight versions old, neve
 Rollout row records the version that sampled it (Rollout.weight_version, per token in
 Rollout.versions where rows differ; an agent episode in Episode.weight_version), and the step logs
 the mean and the max (`rollout/staleness_max`) over its rows. The importance ratio is taken
-against the sampler's own log-probs, the behaviour policy's (grpo.loop.record_logprobs).
+against the sampler's own log-probs, the behaviour policy's (grpo.loop.record_logprobs). With
+K ≥ 2 the sync returns once the weights are sent (RayEngine.sync_wait) and the next sync waits for
+it, so the trainer waits for a batch only when it takes it: a slow batch is absorbed by the K - 1
+steps of slack. With K = 1 the sync waits until the workers hold the weights.
 
 Batch k+j draws the prompts and the sampling seed step k+j would draw without overlap: the prompt
 stream is read in step order, and each batch's sampling stream is seeded from (train.seed, rank,

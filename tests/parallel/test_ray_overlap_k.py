@@ -74,6 +74,7 @@ def test_overlap_2_learns_up_to_two_versions_behind_with_the_one_process_loss(cl
     s.services.hooks.append(lambda step, row, record: rows.append(row))
     try:
         grpo.train(s)
+        assert not s.data.engine.sync_wait and s.data.engine.versions() == [4]  # the last sync, waited for here
     finally:
         s.close()
     assert [r["rollout/staleness"] for r in rows] == [0, 1, 2, 2]

@@ -77,13 +77,15 @@ class Rollout:
         weight_version everywhere)."""
         if self.versions is not None:
             return self.versions
-        return torch.full(tuple(self.loss_mask.shape), self.weight_version, dtype=torch.long, device=self.loss_mask.device)
+        return torch.full(tuple(self.loss_mask.shape), self.weight_version, dtype=torch.long,
+                          device=self.loss_mask.device)
 
     def row_versions(self) -> torch.Tensor:
         """[N] int64: each row's oldest weight version among its counted tokens (weight_version for a
         row without any)."""
         if self.versions is None:
-            return torch.full((self.num_sequences,), self.weight_version, dtype=torch.long, device=self.loss_mask.device)
+            return torch.full((self.num_sequences,), self.weight_version, dtype=torch.long,
+                              device=self.loss_mask.device)
         big = torch.iinfo(torch.long).max
         oldest = self.versions.masked_fill(~self.loss_mask.bool(), big).min(-1).values
         return torch.where(oldest == big, torch.full_like(oldest, self.weight_version), oldest)

@@ -78,7 +78,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("rollout/staleness_max", "rollout/staleness: the largest over the rows (≤ rollout.overlap)", "versions",
                "int", required=False),
     MetricSpec("time/sync_s", "sending the new weights to the rollout engine after phase B", "s", required=False),
-    MetricSpec("time/rollout_wait_s", "rollout.overlap: waiting for the batch prefetched during the last step",
+    MetricSpec("time/rollout_wait_s", "rollout.overlap: waiting for the batch prefetched during earlier steps",
                "s", required=False),
     MetricSpec("sync/seconds", "rollout.workers: weight sync to the workers (object store put + every worker's "
                "load)", "s", required=False),

@@ -46,7 +46,10 @@ class Rollout:
     """[N, Lc] float32: the value targets R = GAE advantages + V_old (loss.advantage=gae)."""
     weight_version: int = 0
     """The version of the weights that sampled it (`Engine.load_weights`'s; the trainer's policy after k
-    optimizer phases is version k)."""
+    optimizer phases is version k); the oldest one when its rows were sampled by several (`versions`)."""
+    versions: torch.Tensor | None = None
+    """[N, Lc] int64: the weight version that sampled each completion token, where rows (or tokens)
+    were sampled by different versions; None = every token by weight_version (`token_versions`)."""
 
     @property
     def num_sequences(self) -> int:
@@ -68,6 +71,24 @@ class Rollout:
         of similar widths together (`forward.buckets.length_buckets`, `forward.buckets.group_buckets`)."""
         prompt_real = self.attention_mask[:, : self.prompt_len].sum(-1)
         return self.completion_lengths * (self.prompt_len + 1) + prompt_real
+
+    def token_versions(self) -> torch.Tensor:
+        """[N, Lc] int64: the weight version that sampled each completion token (`versions`, or
+        weight_version everywhere)."""
+        if self.versions is not None:
+            return self.versions
+        return torch.full(tuple(self.loss_mask.shape), self.weight_version, dtype=torch.long,
+                          device=self.loss_mask.device)
+
+    def row_versions(self) -> torch.Tensor:
+        """[N] int64: each row's oldest weight version among its counted tokens (weight_version for a
+        row without any)."""
+        if self.versions is None:
+            return torch.full((self.num_sequences,), self.weight_version, dtype=torch.long,
+                              device=self.loss_mask.device)
+        big = torch.iinfo(torch.long).max
+        oldest = self.versions.masked_fill(~self.loss_mask.bool(), big).min(-1).values
+        return torch.where(oldest == big, torch.full_like(oldest, self.weight_version), oldest)
 
     def replace(self, **fields) -> "Rollout":
         return dataclasses.replace(self, **fields)
@@ -108,6 +129,7 @@ class Rollout:
             values=rows(self.values, comp),
             returns=rows(self.returns, comp),
             weight_version=self.weight_version,
+            versions=rows(self.versions, comp),
         )
 
 
@@ -161,5 +183,14 @@ def concat_rollouts(parts: list[Rollout], pad: int) -> Rollout:
         prompt_len=lp, loss_mask=cat("loss_mask", False), truncated=cat("truncated"), group_size=G,
         old_logp=cat("old_logp"), ref_logp=cat("ref_logp"), sampler_logp=cat("sampler_logp"),
         rewards=cat("rewards"), advantages=cat("advantages"),
-        weight_version=min(p.weight_version for p in parts),
+        weight_version=min(p.weight_version for p in parts), versions=_versions(parts, lc),
     )
+
+
+def _versions(parts: list[Rollout], lc: int) -> torch.Tensor | None:
+    """concat_rollouts' `versions`: None when every part was sampled by one and the same version,
+    else each part's per-token versions right-padded to lc (with the part's weight_version)."""
+    if all(p.versions is None for p in parts) and len({p.weight_version for p in parts}) == 1:
+        return None
+    return torch.cat([F.pad(p.token_versions(), (0, lc - p.loss_mask.shape[1]), value=p.weight_version)
+                      for p in parts])

@@ -61,6 +61,8 @@ class Episode:
     stop_reason: str = ""
     env_error: str | None = None
     """What the environment raised (stop_reason "env_error"; the episode ends there), else None."""
+    weight_version: int | None = None
+    """The weight version that sampled its policy turns; None = its EpisodeBatch's."""
 
     def add_policy(self, ids: Sequence[int], logps: Sequence[float]) -> None:
         """Appends a policy turn: its sampled ids [n] and their sampler log-probs [n]."""
@@ -199,12 +201,16 @@ class EpisodeBatch:
     def rollout(self) -> Rollout:
         """The episodes as a Rollout: completion = body (policy and environment ids), loss_mask =
         policy_mask (environment ids are context, never trained), sampler_logp on policy ids (0
-        elsewhere), truncated = Episode.truncated. For one-turn episodes without an environment this is
+        elsewhere), truncated = Episode.truncated, versions per row when episodes were sampled by
+        different weight versions (Episode.weight_version). For one-turn episodes without an environment this is
         exactly HFEngine's Rollout. The environment's rewards are not in it (see `env_rewards`)."""
         t = self.tensors()
+        own = [self.weight_version if e.weight_version is None else e.weight_version for e in self.episodes]
+        versions = None if set(own) == {self.weight_version} else \
+            torch.tensor(own, dtype=torch.long).unsqueeze(-1).expand(tuple(t.policy_mask.shape)).contiguous()
         return Rollout(input_ids=t.input_ids, attention_mask=t.attention_mask, prompt_len=t.prompt_len,
                        loss_mask=t.policy_mask, truncated=t.truncated, group_size=self.group_size,
-                       sampler_logp=t.sampler_logp, weight_version=self.weight_version)
+                       sampler_logp=t.sampler_logp, weight_version=min(own), versions=versions)
 
     @property
     def counters(self) -> list[EpisodeCounters]:

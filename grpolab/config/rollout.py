@@ -67,9 +67,10 @@ class RolloutConfig:
     reward_worker_threads: int = 8
     """Reward calls one reward worker runs at once."""
     overlap: int = 0
-    """1 = the next step's rollout is generated (and scored) while this step learns, one weight version
-    behind; the importance ratio then uses the sampler's log-probs (the behaviour policy's). Needs
-    rollout.workers ≥ 1."""
+    """K ≥ 1 = the next K steps' rollouts are generated (and scored) while this step learns, each by the
+    weights the workers hold when it is submitted: up to K weight versions behind (`rollout/staleness`;
+    TRL's max_staleness, NeMo RL's max_trajectory_age_steps); the importance ratio then uses the
+    sampler's log-probs (the behaviour policy's). 0 = off. Needs rollout.workers ≥ 1 (grpo/overlap.py)."""
     tools: tuple[str, ...] = ()
     """Tools the policy may call during an episode, as 'pkg.mod:fn' (typed, documented functions; see
     grpolab/agents/tools.py). With tools or an `environment`, Phase A samples multi-turn episodes."""

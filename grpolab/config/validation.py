@@ -263,14 +263,15 @@ def _check_workers(cfg) -> None:
             raise _err(f"rollout.{name}={getattr(r, name)} must be ≥ 0")
     if r.reward_worker_threads < 1:
         raise _err(f"rollout.reward_worker_threads={r.reward_worker_threads} must be ≥ 1")
-    if r.overlap not in (0, 1):
-        raise _err(f"rollout.overlap={r.overlap} must be 0 or 1 (the next rollout one weight version behind)")
+    if r.overlap < 0:
+        raise _err(f"rollout.overlap={r.overlap} must be ≥ 0 (0 = off; K = the next K rollouts in flight, up to "
+                   "K weight versions behind)")
     if r.overlap and not r.workers:
-        raise _err("rollout.overlap=1 generates the next rollout while the trainer learns, which needs rollout "
-                   "workers of their own: set rollout.workers ≥ 1")
+        raise _err(f"rollout.overlap={r.overlap} generates the next {r.overlap} rollouts while the trainer learns, "
+                   "which needs rollout workers of their own: set rollout.workers ≥ 1")
     if r.overlap and r.dynamic_sampling:
-        raise _err("rollout.overlap=1 prefetches one batch per step; rollout.dynamic_sampling draws as many as it "
-                   "needs: turn one of them off")
+        raise _err(f"rollout.overlap={r.overlap} prefetches one batch per step; rollout.dynamic_sampling draws as "
+                   "many as it needs: turn one of them off")
     if not 0 < r.vllm_gpu_memory_utilization <= 1:
         raise _err(f"rollout.vllm_gpu_memory_utilization={r.vllm_gpu_memory_utilization} must be in (0, 1]")
     if cfg.loss.tis_cap < 0:

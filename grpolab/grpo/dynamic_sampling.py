@@ -68,7 +68,7 @@ def draw_batch(s, st: StepStats) -> Batch:
         batch = s.data.prefetch.take(s, st)
     else:
         batch = generate_batch(s, s.services.parallel.shard(s.data.prompts.next_batch(r.prompts_per_step)), st)
-    st.staleness = s.data.engine.weight_version - batch.rollout.weight_version
+    st.set_staleness(s.data.engine.weight_version - batch.rollout.row_versions())
     return batch
 
 

@@ -77,8 +77,8 @@ def record_logprobs(s: Setup, ro: Rollout) -> Rollout:
     """Phase A's no-grad passes over every completion token: log π_old, when Phase B needs it
     before its first optimizer step (several minibatches) or loss.kl_in_reward does (else Phase B's
     first minibatch, all rows under π_old, records it), log π_ref with a reference model, and the
-    values V_old with a value head (PPO). With rollout.overlap the rollout was sampled by the
-    previous weights: π_old is that behaviour policy, whose log-probs the sampler recorded."""
+    values V_old with a value head (PPO). With rollout.overlap the rollout was sampled by older
+    weights (up to K versions): π_old is that behaviour policy, whose log-probs the sampler recorded."""
     if s.cfg.rollout.overlap:  # sampled by an older policy: the ratio is taken against the behaviour policy
         ro = ro.replace(old_logp=ro.sampler_logp)
     elif s.cfg.needs_old_logp_pass:

@@ -155,7 +155,7 @@ class Data:
     reward_pool: RewardPool | None = None
     """Ray reward workers that score the rollouts (rollout.reward_workers); None = score here."""
     prefetch: Prefetcher | None = None
-    """rollout.overlap: the next step's batch in flight (grpo.overlap.Prefetcher); None otherwise."""
+    """rollout.overlap: the next steps' batches in flight (grpo.overlap.Prefetcher); None otherwise."""
     release_sampler: bool = False
     """FSDP2 with the local HF engine and no overlap: the engine's own weight copy is freed during
     Phase B (`HFEngine.release_weights`) and refilled by the sync after it."""
@@ -259,7 +259,7 @@ class Setup:
             hook(step, row, record)
 
     def prompt_state(self) -> dict:
-        """The prompt stream's state for a checkpoint: before a prefetched step's prompts (rollout.overlap)."""
+        """The prompt stream's state for a checkpoint: before the prefetched steps' prompts (rollout.overlap)."""
         held = self.data.prefetch.prompt_state if self.data.prefetch is not None else None
         return held if held is not None else self.data.prompts.state_dict()
 
@@ -356,7 +356,7 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
         keep_freed_memory()
     engine = rollout_engine(cfg, sampler, tokenizer, dtype, parallel)
     pool = reward_pool(cfg, rewards, parallel)
-    prefetch = Prefetcher() if cfg.rollout.overlap else None
+    prefetch = Prefetcher(cfg.rollout.overlap) if cfg.rollout.overlap else None
     objective = build_loss(cfg.loss, cfg.rollout, forward, critic)
     advantage_fn = make_advantage_fn(cfg.loss.advantage, cfg.loss.std, cfg.loss.std_eps)
     release = parallel.shards_parameters and not cfg.rollout.overlap and not cfg.rollout.workers and cfg.rollout.engine == "hf"

@@ -144,7 +144,8 @@ class StepStats:
         self.notes: list[str] = []  # degraded behaviour (a reward replaced after an error)
         self.gen_batches: int | None = None  # rollout.dynamic_sampling: batches drawn (alike on every rank)
         self.dropped_groups = 0  # rollout.dynamic_sampling: groups of equal rewards not trained on
-        self.staleness = 0  # weight versions between the trainer's policy and the one that sampled the rollout
+        # weight versions between the trainer's policy and the ones that sampled the rollout, over its rows
+        self.staleness_sum, self.staleness_rows, self.staleness_max = 0.0, 0, 0
         self.sync_bytes = 0  # sent to the rollout workers after Phase B (0 when the engine samples the policy itself)
         self.t0 = time.perf_counter()
 
@@ -153,6 +154,11 @@ class StepStats:
         t = time.perf_counter()
         yield
         self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t
+
+    def set_staleness(self, per_row: torch.Tensor) -> None:
+        """Records the rollout's staleness, [N] int: the learner's weight version minus each row's sampler's."""
+        self.staleness_sum, self.staleness_rows = float(per_row.sum()), int(per_row.numel())
+        self.staleness_max = int(per_row.max()) if per_row.numel() else 0
 
     def add_micro(self, stats: dict[str, torch.Tensor]) -> None:
         for k in _SUMS:
@@ -174,12 +180,13 @@ class StepStats:
         """Sums the microbatch sums, reward errors and dropped groups over ranks, min/max the ratio
         extremes (every rank then holds the step's global statistics); returns self. Timers stay
         this rank's."""
-        counts = [self.reward_errors, self.dropped_groups]
-        sums, mins, maxs = parallel.reduce_floats([self.sums.get(k, 0.0) for k in _SUMS] + counts,
-                                                  [self.ratio_min], [self.ratio_max, self.mismatch_max])
+        counts = [self.reward_errors, self.dropped_groups, self.staleness_sum, self.staleness_rows]
+        sums, mins, maxs = parallel.reduce_floats([self.sums.get(k, 0.0) for k in _SUMS] + counts, [self.ratio_min],
+                                                  [self.ratio_max, self.mismatch_max, self.staleness_max])
         self.sums = dict(zip(_SUMS, sums))
-        self.reward_errors, self.dropped_groups = int(sums[-2]), int(sums[-1])
-        self.ratio_min, self.ratio_max, self.mismatch_max = mins[0], maxs[0], maxs[1]
+        self.reward_errors, self.dropped_groups = int(sums[-4]), int(sums[-3])
+        self.staleness_sum, self.staleness_rows = sums[-2], int(sums[-1])
+        self.ratio_min, self.ratio_max, self.mismatch_max, self.staleness_max = mins[0], maxs[0], maxs[1], int(maxs[2])
         return self
 
     def finish(self, record: StepRecord, s) -> dict:
@@ -227,7 +234,8 @@ class StepStats:
             "skipped_steps": self.skipped,
             "reward_errors": self.reward_errors,
         })
-        row.update({"rollout/staleness": self.staleness, "time/sync_s": self.times.get("sync", 0.0)})
+        row.update({"rollout/staleness": self.staleness_sum / max(self.staleness_rows, 1),
+                    "rollout/staleness_max": self.staleness_max, "time/sync_s": self.times.get("sync", 0.0)})
         if self.sync_bytes:  # the weights went to rollout workers of their own
             row.update({"sync/seconds": self.times.get("sync", 0.0), "sync/bytes": self.sync_bytes})
         if "rollout_wait" in self.times:  # rollout.overlap: what the step waited for its prefetched batch

@@ -74,9 +74,11 @@ METRICS: tuple[MetricSpec, ...] = (
                "mismatch; π_old against the sampler's own log-probs)", "nats/token", required=False),
     MetricSpec("mismatch/max", "largest |log π_train − log π_sampler| over trained tokens", "nats", required=False),
     MetricSpec("rollout/staleness", "weight versions between the policy that learns and the one that sampled "
-               "the rollout (rollout.overlap: 1)", "versions", "int", required=False),
+               "the rollout, mean over its rows (episodes) (rollout.overlap=K: up to K)", "versions", required=False),
+    MetricSpec("rollout/staleness_max", "rollout/staleness: the largest over the rows (≤ rollout.overlap)", "versions",
+               "int", required=False),
     MetricSpec("time/sync_s", "sending the new weights to the rollout engine after phase B", "s", required=False),
-    MetricSpec("time/rollout_wait_s", "rollout.overlap: waiting for the batch prefetched during the last step",
+    MetricSpec("time/rollout_wait_s", "rollout.overlap: waiting for the batch prefetched during earlier steps",
                "s", required=False),
     MetricSpec("sync/seconds", "rollout.workers: weight sync to the workers (object store put + every worker's "
                "load)", "s", required=False),

@@ -15,10 +15,12 @@ Weight sync (`load_weights`, after each optimizer phase): rank 0 puts the policy
 Ray's object store once (CPU tensors) and every worker copies it into its model through its
 engine's own `load_weights` (vLLM: its weight-loading path); the call returns when every worker
 holds the new version; the loop times it (`sync/seconds`) and the bytes sent are kept
-(`sync/bytes`). Workers take calls in the order they arrive (one thread each), so
-a generation submitted before a sync samples from the weights before it: that is how
-rollout.overlap runs one version behind (grpolab/grpo/overlap.py). Every Rollout carries the
-weight version that sampled it.
+(`sync/bytes`); with rollout.overlap ≥ 2 it returns once the weights are sent (`sync_wait`), so
+the trainer does not wait for the batches queued before the sync. Workers take calls in the order
+they arrive (one thread each), so a generation submitted before a sync samples from the weights
+before it: that is how rollout.overlap=K runs up to K versions behind (grpolab/grpo/overlap.py).
+Every Rollout carries the weight version that sampled it (every episode too, where workers'
+batches are merged).
 
 Actors are named per run (`grpolab-<token>-rollout-<i>`): rank 0 creates them, other trainer ranks
 look them up, and `close()` ends them. A worker that dies (killed, its process ended) ends the run with
@@ -161,11 +163,14 @@ class PendingRollout:
 
 
 def merge_episodes(parts: list[EpisodeBatch]) -> EpisodeBatch:
-    """The workers' EpisodeBatches as one, in order (their engine counters summed; the oldest weight version)."""
+    """The workers' EpisodeBatches as one, in order (their engine counters summed; the oldest weight
+    version, and each episode keeps its own in Episode.weight_version)."""
     stats: dict[str, int] = {}
     for p in parts:
         for k, v in p.stats.items():
             stats[k] = stats.get(k, 0) + v
+        for e in p.episodes:
+            e.weight_version = p.weight_version if e.weight_version is None else e.weight_version
     return EpisodeBatch([e for p in parts for e in p.episodes], parts[0].group_size, parts[0].pad_id,
                         min(p.weight_version for p in parts), stats)
 
@@ -178,6 +183,10 @@ class RayEngine:
         self.names = list(names)
         self.weight_version = 0
         self.last_sync_bytes = 0
+        self.sync_wait = True
+        """load_weights waits until every worker holds the new weights; False (rollout.overlap ≥ 2): it
+        returns once they are sent, and the next sync (or `versions`) waits for this one."""
+        self._syncing: list = []
 
     def submit(self, prompts: Sequence[str], group_size: int, *, generator: torch.Generator | None = None,
                greedy: bool = False) -> PendingRollout:
@@ -225,17 +234,27 @@ class RayEngine:
         other ranks only read it (an FSDP2 state is gathered collectively) and record the version."""
         ray = require_ray()
         if self.is_main:
+            self.finish_sync()  # at most one sync in flight
             cpu = {k: state[k].detach().cpu() for k in state}  # put copies them into the object store
             ref = ray.put(cpu)
-            gather([w.load_weights.remote(version, ref) for w in self.workers], self.owners(), "a weight sync")
+            self._syncing = [w.load_weights.remote(version, ref) for w in self.workers]
+            if self.sync_wait:
+                self.finish_sync()
             self.last_sync_bytes = sum(v.numel() * v.element_size() for v in cpu.values())
         elif not isinstance(state, dict):  # gathered as read (FSDP2): every rank reads it, in the same order
             for k in state:
                 state[k]
         self.weight_version = version
 
+    def finish_sync(self) -> None:
+        """Waits until every worker holds the weights of the last `load_weights` (see sync_wait)."""
+        refs, self._syncing = self._syncing, []
+        if refs:
+            gather(refs, self.owners(), "a weight sync")
+
     def versions(self) -> list[int]:
         """Each worker's weight version."""
+        self.finish_sync()
         return gather([w.weight_version.remote() for w in self.workers], self.owners(), "a version check")
 
     def close(self) -> None:
@@ -276,4 +295,5 @@ def build_ray_engine(cfg, policy, tokenizer, parallel) -> RayEngine:
         workers = [ray.get_actor(n) for n in names]
     engine = RayEngine(workers, tokenizer, is_main=parallel.is_main, names=names)
     engine.load_weights(0, parallel.full_state(policy))  # the trainer's π0 (an SFT'd policy, LoRA adapters)
+    engine.sync_wait = r.overlap < 2  # the workers queue a sync behind the batches in flight (grpo/overlap.py)
     return engine

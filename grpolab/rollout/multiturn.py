@@ -107,7 +107,8 @@ def generate_episodes(
     bf16_weights, packed_weights and weight_version are used (its max_new_tokens is not: turns are
     capped by max_turn_tokens and max_episode_tokens). make_environment, tools, max_turns,
     max_episode_tokens, max_turn_tokens, end_of_turn: as `agents.driver.EpisodeDriver`'s (the
-    episodes are that driver's). generator / greedy: as HFEngine.generate_with's. logits_processor:
+    episodes are that driver's); a make_environment with an `end_batch()` method (agents.envworkers.
+    EnvPool) is told when every episode of the batch has ended. generator / greedy: as HFEngine.generate_with's. logits_processor:
     see `LogitsProcessor` (None: sample from the model's logits).
     """
     model = model if model is not None else getattr(engine, "model", None)
@@ -139,6 +140,7 @@ def generate_episodes(
             episodes = coroutines.run(driver, [items[i // group_size] for i in range(n)], turns.sample)
     finally:
         coroutines.close()
+        getattr(make_environment, "end_batch", _nothing)()
         model.train(was_training)
         sampler = None
         if turns is not None:
@@ -151,6 +153,10 @@ def generate_episodes(
 
     return EpisodeBatch(episodes, group_size, pad_id(engine.tokenizer), getattr(engine, "weight_version", 0),
                         dict(turns.stats))
+
+
+def _nothing() -> None:
+    pass
 
 
 def _packing(engine, model, dtype, rows: int):

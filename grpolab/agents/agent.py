@@ -44,8 +44,9 @@ class AgentSpec:
     """Ray actors that run the environments (agents/envworkers.py); 0: in this process."""
     env_timeout_s: float = 60.0
     """With env_workers: time limit of every environment call (reset, step) in seconds."""
-    env_worker_threads: int = 16
-    """With env_workers: environment calls one actor runs at once."""
+    env_worker_threads: int = 32
+    """With env_workers: environment calls one actor runs at once (a call's time limit includes its wait
+    for a free thread)."""
 
     @classmethod
     def from_config(cls, cfg) -> "AgentSpec":

@@ -22,7 +22,6 @@ cannot be stopped; the actor's process can.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from typing import Any, Mapping
@@ -90,7 +89,7 @@ class EnvPool:
     threads: calls one actor runs at once. The actors start at the first episode (`start`)."""
 
     def __init__(self, spec: str, kwargs: Mapping[str, Any], workers: int, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 threads: int = 16):
+                 threads: int = 32):
         if workers < 1 or not timeout_s > 0 or threads < 1:
             raise ValueError(f"EnvPool: workers ({workers}), timeout_s ({timeout_s}) and threads ({threads}) "
                              "must be positive")
@@ -104,15 +103,18 @@ class EnvPool:
         """Actors with a call past its time limit (or dead): replaced at `end_batch`."""
         self.starting: dict[int, Any] = {}
         """Actors started and not yet known ready: place -> its `ready` call."""
+        self.made = 0
+        """Environments made (one per episode); the next one's key."""
         self.restarts = 0
+        """Actors killed and started afresh (after a call timed out or the actor died)."""
         self.timeouts = 0
-        self._keys = itertools.count()
+        """Calls that ran past timeout_s."""
         self._lock = threading.RLock()
 
     def __call__(self) -> RemoteEnvironment:
         with self._lock:
             self.start()
-            key = next(self._keys)
+            key, self.made = self.made, self.made + 1
             worker = key % self.size
             self.hosted[worker].append(key)
             return RemoteEnvironment(self, worker, self.actors[worker], key)

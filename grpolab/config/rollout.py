@@ -90,8 +90,10 @@ class RolloutConfig:
     """Episodes with env_workers: wall-clock limit of one environment call (reset or step) in seconds. A call
     past it ends its episode as an environment error (train.on_reward_error applies; episode/env_errors
     counts it) and its actor is replaced when the batch ends."""
-    env_worker_threads: int = 16
-    """Episodes with env_workers: environment calls one env worker runs at once (its episodes' calls)."""
+    env_worker_threads: int = 32
+    """Episodes with env_workers: environment calls one env worker runs at once. A call's time limit runs
+    from when it is sent, a wait for a free thread included: keep it ≥ the episodes per env worker
+    (prompts_per_step × group_size / env_workers, per process that runs episodes)."""
     vllm_gpu_memory_utilization: float = 0.5
     """vllm engine: share of the GPU's memory vLLM may take (weights and KV cache)."""
     vllm_sleep: bool = True

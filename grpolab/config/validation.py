@@ -113,7 +113,7 @@ def _check_world(cfg, world: int) -> None:
                    "started); set model.compile=false")
     if cfg.loss.policy_loss == SFT_POLICY_LOSS:
         raise _err("loss.policy_loss='sft' (grpolab sft) runs in one process; start it without torchrun / --nproc")
-    ray_workers = [f"rollout.{n}={getattr(cfg.rollout, n)}" for n in ("workers", "reward_workers")
+    ray_workers = [f"rollout.{n}={getattr(cfg.rollout, n)}" for n in ("workers", "reward_workers", "env_workers")
                    if getattr(cfg.rollout, n)]
     if world > 1 and ray_workers and not os.environ.get("GRPOLAB_RAY_TRAINER"):
         raise _err(f"{' and '.join(ray_workers)} start Ray actors, which ranks started by torchrun do not share "

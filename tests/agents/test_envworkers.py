@@ -4,6 +4,7 @@ is replaced, and every other episode is the one the in-process path records."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -61,7 +62,7 @@ def _scripted_batch(tok, make_environment, items):
 def test_a_hung_environment_ends_its_episode_and_the_others_match_the_in_process_path(cluster, chat_tok):
     local = _scripted_batch(chat_tok, load_environment(ENV, {"turns": 2, "delay_s": 0.0}),
                             [it for k, it in enumerate(ITEMS) if k != HUNG])
-    pool = EnvPool(ENV, {"turns": 2, "delay_s": 0.5}, workers=2, timeout_s=2.0)
+    pool = EnvPool(ENV, {"turns": 2, "delay_s": 0.3}, workers=2, timeout_s=1.0)
     try:
         for batch in range(2):  # the second batch runs on the replaced actor
             pool.start()  # the actors (the replaced one in the second batch) are ready before the clock starts
@@ -74,11 +75,11 @@ def test_a_hung_environment_ends_its_episode_and_the_others_match_the_in_process
             assert [e for k, e in enumerate(remote) if k != HUNG] == local
             hung = remote[HUNG]
             assert hung.stop_reason == "env_error" and not hung.done and hung.turns == 1
-            assert hung.env_error.startswith("HangsOnItem.step did not answer within 2 s (rollout.env_timeout_s)")
+            assert hung.env_error.startswith("HangsOnItem.step did not answer within 1 s (rollout.env_timeout_s)")
             assert remote[5].env_error == "HangsOnItem raised KeyError: 'no such level'"
             assert [e.reward for e in remote] == [1.0, 1.0, None, 1.0, 1.0, None, 1.0, 1.0]
-            # one after another: 6 episodes x 2 steps x 0.5 s + the 2 s limit; at once: about 2 s + 0.5 s
-            assert 2.0 < wall < 4.5, wall
+            # one after another: 6 episodes x 2 steps x 0.3 s + the 1 s limit; at once: about 1 s + 0.3 s
+            assert 1.0 < wall < 2.8, wall
         rows = episode_rows(EpisodeBatch(remote, 1, chat_tok.pad_token_id or 0, 0, {}), chat_tok.decode)
         assert episode_metrics(rows)["episode/env_errors"] == 2.0
     finally:
@@ -113,3 +114,29 @@ def test_the_hf_engine_samples_the_same_episodes_with_env_workers(cluster, chat_
         pool.close()
     local, remote = (b.episodes for b in batches)
     assert remote == local and sum(e.turns for e in local) > len(local)  # environment turns did happen
+
+
+def test_a_training_run_with_env_workers_logs_the_in_process_metrics(cluster, tmp_path):
+    """The config's path end to end (the setup's agent, the trainer's episodes, the run's close); the
+    random tiny policy rarely ends a turn, so the steps are the other tests'."""
+    from grpolab import config as C
+    from grpolab.grpo.run import train_in_run_dir
+    from grpolab.grpo.setup import build_setup
+
+    agent = ["model.name_or_path=builtin:tiny-chat", "model.hidden_size=32", "model.num_layers=2",
+             "model.num_heads=2", "environment.name=grpolab.agents.builtin:GuessNumber",
+             "environment.kwargs={n: 9, max_turns: 3}", "data.source=builtin:seeds", "rewards=[]",
+             "rollout.max_turns=3", "rollout.max_new_tokens=4", "rollout.prompts_per_step=2", "rollout.group_size=4",
+             "train.minibatch_size=8", "train.microbatch_size=4", "train.steps=2", "run.threads=1",
+             "run.progress=false", "run.tensorboard=false", "model.dtype=float32"]
+    rows = {}
+    for name, extra in (("local", []), ("env_workers", ["rollout.env_workers=2", "rollout.env_timeout_s=30"])):
+        s = build_setup(C.from_preset("grpo", agent + extra))
+        assert train_in_run_dir(s, tmp_path / name) == 0
+        made = getattr(s.data.agent.make_environment, "made", None)
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        rows[name] = [{k: v for k, v in json.loads(x).items() if not k.startswith(("time/", "tokens_per_s/", "mfu"))}
+                      for x in lines]
+    assert made == 2 * 2 * 4  # the last run's environments were made on its env workers: steps x P x G
+    assert len(rows["local"]) == 2 and rows["env_workers"] == rows["local"]
+    assert rows["local"][0]["episode/env_errors"] == 0

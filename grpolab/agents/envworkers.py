@@ -13,7 +13,7 @@ The actor runs the environment as the driver does in this process (the same prot
 the same one-line description of an error), so an episode records the same results either way.
 A call that does not answer within rollout.env_timeout_s (wall clock, from its start) ends its
 episode as an environment error ("env_error"; train.on_reward_error applies), as does a call on an
-actor that died. Its actor is marked hung: it goes on serving its other episodes (their calls run
+actor that died or failed. Its actor is marked hung: it goes on serving its other episodes (their calls run
 in threads of their own) until the batch ends (`end_batch`), then it is killed and a fresh one
 started in its place (the next batch waits until it is ready: start-up does not count against a
 call's limit), so later batches are not stuck behind the hung call. A thread of Python
@@ -158,9 +158,9 @@ class EnvPool:
             self._mark_hung(worker, timed_out=True)
             return False, (f"{self.label}.{method} did not answer within {self.timeout_s:g} s (rollout.env_timeout_s); "
                            f"env worker {worker} is replaced after this batch")
-        except ray.exceptions.RayActorError as e:
+        except ray.exceptions.RayError as e:  # the actor died (RayActorError), or failed outside the environment
             self._mark_hung(worker)
-            return False, f"{self.label}.{method}: env worker {worker} died: {' '.join(str(e).split())[:200]}"
+            return False, f"{self.label}.{method}: env worker {worker} failed: {' '.join(str(e).split())[:200]}"
 
     def _mark_hung(self, worker: int, timed_out: bool = False) -> None:
         with self._lock:

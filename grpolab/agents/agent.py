@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from grpolab.agents.envworkers import EnvPool
 from grpolab.agents.protocol import Environment, load_environment
 from grpolab.agents.tools import ToolBox, load_tools
 
@@ -39,14 +40,22 @@ class AgentSpec:
     """Longest policy turn in tokens (None: what the episode has left)."""
     tool_timeout_s: float | None = None
     """Time limit of every tool call in seconds (None: each tool's own `timeout_s`, else 10 s)."""
+    env_workers: int = 0
+    """Ray actors that run the environments (agents/envworkers.py); 0: in this process."""
+    env_timeout_s: float = 60.0
+    """With env_workers: time limit of every environment call (reset, step) in seconds."""
+    env_worker_threads: int = 32
+    """With env_workers: environment calls one actor runs at once (a call's time limit includes its wait
+    for a free thread)."""
 
     @classmethod
     def from_config(cls, cfg) -> "AgentSpec":
         """The spec of a Config: `environment:` and rollout.tools / max_turns / max_episode_tokens /
-        tool_timeout_s; a policy turn is at most rollout.max_new_tokens tokens."""
+        tool_timeout_s / env_workers / env_timeout_s / env_worker_threads; a policy turn is at most
+        rollout.max_new_tokens tokens."""
         r, env = cfg.rollout, cfg.environment
         return cls(env.name, dict(env.kwargs), tuple(r.tools), r.max_turns, r.max_episode_tokens, r.max_new_tokens,
-                   r.tool_timeout_s or None)
+                   r.tool_timeout_s or None, r.env_workers, r.env_timeout_s, r.env_worker_threads)
 
     @property
     def active(self) -> bool:
@@ -59,16 +68,22 @@ class AgentSpec:
         return self.environment.rpartition(":")[2] or "environment"
 
     def build(self) -> "Agent":
-        """Loads the environment class and the tools (ConfigError naming the spec when one is wrong)."""
+        """Loads the environment class and the tools (ConfigError naming the spec when one is wrong).
+        With env_workers, the environments are made on Ray actors (an EnvPool, started at the first
+        episode); the class is still checked here."""
         make = load_environment(self.environment, self.environment_kwargs) if self.environment else None
+        if make is not None and self.env_workers:
+            make = EnvPool(self.environment, self.environment_kwargs, self.env_workers, self.env_timeout_s,
+                           self.env_worker_threads)
         tools = load_tools(self.tools, self.tool_timeout_s) if self.tools else None
         return Agent(self, make, tools)
 
 
 @dataclass
 class Agent:
-    """An AgentSpec, loaded: the environment factory (one fresh environment per episode) and the
-    ToolBox (its worker process runs the tool calls). A context manager; `close()` stops the worker."""
+    """An AgentSpec, loaded: the environment factory (one fresh environment per episode; an EnvPool
+    with env_workers) and the ToolBox (its worker process runs the tool calls). A context manager;
+    `close()` stops the tool worker and the env workers."""
 
     spec: AgentSpec
     make_environment: Callable[[], Environment] | None
@@ -84,6 +99,8 @@ class Agent:
     def close(self) -> None:
         if self.tools is not None:
             self.tools.close()
+        if isinstance(self.make_environment, EnvPool):
+            self.make_environment.close()
 
     def __enter__(self) -> "Agent":
         return self

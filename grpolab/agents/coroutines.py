@@ -1,6 +1,12 @@
 """Episodes run as coroutines: each `EpisodeDriver.run` in a thread of its own that hands every turn
 request over and waits, so that a batch of episodes is sampled turn by turn in one decode
-(grpolab.rollout.multiturn.py) while the between-turn logic stays the driver's own."""
+(grpolab.rollout.multiturn.py) while the between-turn logic stays the driver's own.
+
+An episode may also `pause()` without a turn request: an environment call that runs elsewhere
+(agents/envworkers.py) starts, pauses, and waits for its answer only once resumed, so the calls
+of all the batch's episodes run at the same time. Paused episodes are resumed in episode order once
+the others have run up to their next request; every round's requests reach `sample` in episode order.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,19 @@ from typing import Any
 
 from grpolab.agents.driver import EpisodeDriver
 from grpolab.agents.episode import Episode
+
+PAUSED = object()
+"""What `Coroutines._step` returns for an episode that paused."""
+_current = threading.local()
+"""In an episode thread: .coroutines, the Coroutines running it."""
+
+
+def pause() -> None:
+    """Lets the other episodes of the batch run until this one is resumed (module docstring). Called
+    in an episode thread of a `Coroutines`; a no-op in any other thread."""
+    owner = getattr(_current, "coroutines", None)
+    if owner is not None:
+        owner.pause()
 
 
 class Abort(BaseException):
@@ -29,6 +48,7 @@ class Slot:
         self.error: BaseException | None = None
         self.abort = False
         self.waiting = False
+        self.paused = False
 
 
 class Coroutines:
@@ -56,8 +76,19 @@ class Coroutines:
         reply, slot.reply = slot.reply, None
         return reply
 
+    def pause(self) -> None:
+        """`pause()`, in an episode's thread: hands over without a request, waits to be resumed."""
+        slot = self.local.slot
+        slot.paused = slot.waiting = True
+        self.yielded.release()
+        slot.resume.acquire()
+        slot.paused = slot.waiting = False
+        if slot.abort:
+            raise Abort
+
     def _body(self, slot: Slot, driver: EpisodeDriver, item: Any) -> None:
         self.local.slot = slot
+        _current.coroutines = self
         try:
             slot.episode = driver.run(item)
         except Abort:
@@ -68,8 +99,8 @@ class Coroutines:
             slot.request = None
             self.yielded.release()
 
-    def _step(self, slot: Slot, driver: EpisodeDriver, item: Any, reply=None) -> tuple[list[int], int] | None:
-        """Runs `slot`'s episode until its next turn request (returned) or its end (None)."""
+    def _step(self, slot: Slot, driver: EpisodeDriver, item: Any, reply=None):
+        """Runs `slot`'s episode until its next turn request (returned), a pause (PAUSED) or its end (None)."""
         if slot.thread is None:
             slot.thread = threading.Thread(target=self._body, args=(slot, driver, item), daemon=True,
                                            name=f"grpolab-episode-{slot.index}")
@@ -80,6 +111,8 @@ class Coroutines:
         self.yielded.acquire()
         if slot.error is not None:
             raise slot.error
+        if slot.paused:
+            return PAUSED
         request, slot.request = slot.request, None
         return request
 
@@ -89,24 +122,33 @@ class Coroutines:
         """Every episode to its end: rounds of (each live episode up to its next request, in episode
         order; then `sample` answers all requests at once)."""
         self.slots = [Slot(i) for i in range(len(items))]
-        requests = {}
-        for slot in self.slots:
-            request = self._step(slot, driver, items[slot.index])
-            if request is not None:
-                requests[slot.index] = request
+        requests = self._advance(driver, items, dict.fromkeys(range(len(items))))
         while requests:
-            replies = sample(requests)
-            requests = {}
-            for i in sorted(replies):
-                request = self._step(self.slots[i], driver, items[i], replies[i])
-                if request is not None:
-                    requests[i] = request
+            requests = self._advance(driver, items, sample(requests))
         for slot in self.slots:
             slot.thread.join()
         return [slot.episode for slot in self.slots]
 
+    def _advance(self, driver: EpisodeDriver, items: Sequence[Any], replies: dict[int, Any]
+                 ) -> dict[int, tuple[list[int], int]]:
+        """Runs the episodes that `replies` names (each given its reply; None: starts it) in episode
+        order, up to their next requests (returned, in episode order); those that pause are resumed
+        after, in order, until none is left paused."""
+        replies, requests, todo = dict(replies), {}, sorted(replies)
+        while todo:
+            paused = []
+            for i in todo:
+                request = self._step(self.slots[i], driver, items[i], replies.pop(i, None))
+                if request is PAUSED:
+                    paused.append(i)
+                elif request is not None:
+                    requests[i] = request
+            todo = paused
+        return dict(sorted(requests.items()))
+
     def close(self) -> None:
-        """Ends the threads still waiting for a turn (after an error): their `generate` raises Abort."""
+        """Ends the threads still waiting for a turn or paused (after an error): their `generate` or
+        `pause` raises Abort."""
         for slot in self.slots:
             if slot.thread is not None and slot.thread.is_alive() and slot.waiting:
                 slot.abort = True

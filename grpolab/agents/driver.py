@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 from grpolab.agents.delta import env_delta_ids, prompt_ids, strip_control_text
 from grpolab.agents.episode import Episode
-from grpolab.agents.protocol import Environment, StepResult, as_step_result, check_messages
+from grpolab.agents.protocol import Environment, StepResult, as_step_result, check_messages, describe_error
 from grpolab.agents.toolcall import parse_tool_calls, template_supports_tools, tool_result_messages, with_tool_prompt
 from grpolab.agents.tools import ToolBox, call_tool
 
@@ -84,7 +84,7 @@ class EpisodeDriver:
         except Exception as e:  # noqa: BLE001 - user code: recorded, the trainer applies train.on_reward_error
             if env is None and self.make_environment is None:
                 raise  # the item itself is unusable: not the environment's error
-            ep = Episode([self.end_id], env_error=_describe(e, type(env).__name__ if env else "environment"))
+            ep = Episode([self.end_id], env_error=describe_error(e, type(env).__name__ if env else "environment"))
             return ep.finish("env_error", truncated=False)
         ep = Episode(self._prompt_ids(messages, item if env is None else None), messages=messages)
         if ep.length >= self.max_episode_tokens:
@@ -157,10 +157,5 @@ class EpisodeDriver:
         try:
             return as_step_result(env.step({"role": "assistant", "content": text}), type(env).__name__)
         except Exception as e:  # noqa: BLE001 - user code: recorded, the trainer applies train.on_reward_error
-            ep.env_error = _describe(e, type(env).__name__)
+            ep.env_error = describe_error(e, type(env).__name__)
             return None
-
-
-def _describe(error: BaseException, where: str) -> str:
-    """One line naming the environment and what it raised."""
-    return f"{where} raised {type(error).__name__}: {' '.join(str(error).split())[:300]}"

@@ -14,6 +14,10 @@ episode are summed unless an estimator says otherwise. After `done`, `step` is n
 Config: `environment: {name: "pkg.mod:Class", kwargs: {...}}` -> `load_environment(name, kwargs)`,
 which checks the class and its kwargs once and returns a factory that makes a fresh environment per
 episode. Errors are ConfigError naming the spec.
+
+An environment that raises ends its episode; `describe_error` is the one line the episode keeps.
+An environment run elsewhere (agents/envworkers.py) raises `EnvironmentFailure` with that line
+already written, so the episode records the same text as in this process.
 """
 
 from __future__ import annotations
@@ -28,6 +32,17 @@ from grpolab.imports import import_object
 
 Message = dict[str, Any]
 """A chat message: {"role": str, "content": str, ...}."""
+
+
+class EnvironmentFailure(Exception):
+    """An environment call that failed, its description complete (`describe_error` takes it as is)."""
+
+
+def describe_error(error: BaseException, where: str) -> str:
+    """One line naming the environment (`where`) and what it raised."""
+    if isinstance(error, EnvironmentFailure):
+        return str(error)
+    return f"{where} raised {type(error).__name__}: {' '.join(str(error).split())[:300]}"
 
 
 class StepResult(NamedTuple):

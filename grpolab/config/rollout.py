@@ -83,6 +83,18 @@ class RolloutConfig:
     tool_timeout_s: float = 0.0
     """Episodes: wall-clock limit of every tool call in seconds (0 = each tool's own `timeout_s`
     attribute, else 10 s). A call past it is killed and the model is told."""
+    env_workers: int = 0
+    """Episodes: 0 = the environment's reset and step run in the process that runs the episodes; N = in N Ray
+    actors (grpolab/agents/envworkers.py), each episode's environment on one of them, the calls of a batch's
+    episodes at the same time, so a slow environment does not hold the others. Needs an `environment`."""
+    env_timeout_s: float = 60.0
+    """Episodes with env_workers: wall-clock limit of one environment call (reset or step) in seconds. A call
+    past it ends its episode as an environment error (train.on_reward_error applies; episode/env_errors
+    counts it) and its actor is replaced when the batch ends."""
+    env_worker_threads: int = 32
+    """Episodes with env_workers: environment calls one env worker runs at once. A call's time limit runs
+    from when it is sent, a wait for a free thread included: keep it ≥ the episodes per env worker
+    (prompts_per_step × group_size / env_workers, per process that runs episodes)."""
     vllm_gpu_memory_utilization: float = 0.5
     """vllm engine: share of the GPU's memory vLLM may take (weights and KV cache)."""
     vllm_sleep: bool = True

@@ -113,7 +113,7 @@ def _check_world(cfg, world: int) -> None:
                    "started); set model.compile=false")
     if cfg.loss.policy_loss == SFT_POLICY_LOSS:
         raise _err("loss.policy_loss='sft' (grpolab sft) runs in one process; start it without torchrun / --nproc")
-    ray_workers = [f"rollout.{n}={getattr(cfg.rollout, n)}" for n in ("workers", "reward_workers")
+    ray_workers = [f"rollout.{n}={getattr(cfg.rollout, n)}" for n in ("workers", "reward_workers", "env_workers")
                    if getattr(cfg.rollout, n)]
     if world > 1 and ray_workers and not os.environ.get("GRPOLAB_RAY_TRAINER"):
         raise _err(f"{' and '.join(ray_workers)} start Ray actors, which ranks started by torchrun do not share "
@@ -292,6 +292,7 @@ def _check_episodes(cfg) -> None:
     bad = [t for t in r.tools if ":" not in t]
     if bad:
         raise _err(f"rollout.tools: {bad} must be 'pkg.mod:fn' (e.g. grpolab.agents.builtin:calculator)")
+    _check_env_workers(cfg)
     if env.name and "environment" in [s.display_name for s in cfg.rewards]:
         raise _err("rewards: the name 'environment' is the environment's reward; label that reward otherwise")
     if not cfg.episodes:
@@ -304,6 +305,24 @@ def _check_episodes(cfg) -> None:
     if r.compile is True:
         raise _err("rollout.compile=true: episodes are decoded turn by turn with a dynamic KV cache, not the compiled "
                    "static one; set rollout.compile=auto or false")
+
+
+def _check_env_workers(cfg) -> None:
+    """rollout.env_workers / env_timeout_s / env_worker_threads (environments on Ray actors)."""
+    r = cfg.rollout
+    if r.env_workers < 0 or r.env_worker_threads < 1 or not r.env_timeout_s > 0:
+        raise _err(f"rollout.env_workers={r.env_workers} must be ≥ 0, rollout.env_worker_threads="
+                   f"{r.env_worker_threads} ≥ 1 and rollout.env_timeout_s={r.env_timeout_s} > 0 (seconds)")
+    if not r.env_workers:
+        return
+    if not cfg.environment.name:
+        raise _err(f"rollout.env_workers={r.env_workers} runs the environment on Ray actors, but no environment is "
+                   "named: set environment.name, or rollout.env_workers=0")
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise _err(f"rollout.env_workers={r.env_workers} runs the environment on Ray actors, but ray is not "
+                   "installed: pip install 'grpolab[ray]', or set rollout.env_workers=0")
 
 
 def _check_rm_refresh(cfg) -> None:

@@ -16,6 +16,8 @@ episode ends). When every live episode has asked, the turns of all of them are s
 (one batched decode), each episode gets its turn back, and so on. Environments, tools and the
 tokenizer are therefore never used concurrently, and the order of their calls is the same on every
 run (episode 0's step, then episode 1's, ...): a batch is as reproducible as the sequential driver.
+Environments on env workers (rollout.env_workers, agents/envworkers.py) are the exception: a round's
+calls start in that order and run at the same time, each episode's environment on its own instance.
 
 Token in, token out. The driver hands `generate` the episode's whole id list; the engine checks that
 it starts with what it saw last (the previous ids and the turn it sampled, as sampled) and feeds
@@ -107,8 +109,10 @@ def generate_episodes(
     bf16_weights, packed_weights and weight_version are used (its max_new_tokens is not: turns are
     capped by max_turn_tokens and max_episode_tokens). make_environment, tools, max_turns,
     max_episode_tokens, max_turn_tokens, end_of_turn: as `agents.driver.EpisodeDriver`'s (the
-    episodes are that driver's). generator / greedy: as HFEngine.generate_with's. logits_processor:
-    see `LogitsProcessor` (None: sample from the model's logits).
+    episodes are that driver's); a make_environment with an `end_batch()` method (agents.envworkers.
+    EnvPool) is told when every episode of the batch has ended. generator / greedy: as
+    HFEngine.generate_with's. logits_processor: see `LogitsProcessor` (None: sample from the model's
+    logits).
     """
     model = model if model is not None else getattr(engine, "model", None)
     if model is None:
@@ -139,6 +143,7 @@ def generate_episodes(
             episodes = coroutines.run(driver, [items[i // group_size] for i in range(n)], turns.sample)
     finally:
         coroutines.close()
+        getattr(make_environment, "end_batch", _nothing)()
         model.train(was_training)
         sampler = None
         if turns is not None:
@@ -151,6 +156,10 @@ def generate_episodes(
 
     return EpisodeBatch(episodes, group_size, pad_id(engine.tokenizer), getattr(engine, "weight_version", 0),
                         dict(turns.stats))
+
+
+def _nothing() -> None:
+    pass
 
 
 def _packing(engine, model, dtype, rows: int):

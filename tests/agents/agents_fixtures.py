@@ -115,3 +115,31 @@ def not_a_class(item):
 
 
 NOT_CALLABLE = 3
+
+
+class SleepyEnv(EchoEnv):
+    """EchoEnv whose every step sleeps `delay_s` seconds first (a slow simulator or remote service)."""
+
+    def __init__(self, turns: int = 2, delay_s: float = 0.5):
+        super().__init__(turns)
+        self.delay_s = delay_s
+
+    def step(self, message):
+        time.sleep(self.delay_s)
+        return super().step(message)
+
+
+class HangsOnItem(SleepyEnv):
+    """SleepyEnv whose step never returns for an item with "hang": true; its reset raises for an item
+    with "broken": true."""
+
+    def reset(self, item):
+        if item.get("broken"):
+            raise KeyError("no such level")
+        self.hang = bool(item.get("hang"))
+        return super().reset(item)
+
+    def step(self, message):
+        while self.hang:
+            time.sleep(1000)
+        return super().step(message)

@@ -4,7 +4,7 @@
 function. The name is looked up in this order:
 
 1. a built-in reward (`BUILTIN_REWARDS`: the reward classes of rules.py, verifiers.py, code.py,
-   reward_model.py, self_likelihood.py, shaping.py, by their `name`) or one registered with
+   reward_model.py, self_likelihood.py, shaping.py, tool_use.py, by their `name`) or one registered with
    `register_reward(name)`: its factory is called with the kwargs;
 2. 'module:attr' (e.g. "mypkg.rewards:length_penalty"; attr may be dotted, "mod:Class.method"):
    the module is imported (it must be on sys.path / PYTHONPATH) and the attribute is
@@ -64,12 +64,12 @@ _REGISTERED: dict[str, RewardEntry] = {}
 @functools.cache
 def builtin_rewards() -> dict[str, RewardEntry]:
     """The built-in rewards by name (their modules are imported on the first call)."""
-    from grpolab.rewards import code, reward_model, rules, self_likelihood, shaping, verifiers
+    from grpolab.rewards import code, reward_model, rules, self_likelihood, shaping, tool_use, verifiers
 
     classes = (rules.ExactMatch, rules.Refusal, rules.Format, verifiers.AnswerFormat,
                verifiers.ReasoningGymReward, verifiers.MathVerifyReward, code.CodeTests,
                reward_model.RewardModelReward, reward_model.RewardModelEnsemble, self_likelihood.SelfLikelihood,
-               shaping.Overlong)
+               shaping.Overlong, tool_use.ToolUse)
     return {cls.name: RewardEntry(cls) for cls in classes}
 
 

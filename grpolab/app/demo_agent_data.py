@@ -8,8 +8,8 @@ The two tasks, both from agents/builtin.py, trained from the same π0:
   like a calculator's display, "913 * 753 = 687489": the value follows " = ", an anchor the model can
   find (copying a number that only follows the tool turn's header is learned far less reliably);
 - the multi-turn task: GuessNumber (a secret in [1, GUESS_N], GUESS_TURNS guesses, replies
-  "higher" / "lower" with the interval they leave: "higher, 7 to 12"); bisection solves every game
-  (3.08 guesses on average), counting up from 1 only half of them, in 3.4 guesses on average.
+  "higher" / "lower" with the interval they leave: "higher, 6 to 9"); bisection solves every game
+  (2.8 guesses on average), counting up from 1 only the secrets up to GUESS_TURNS (3.5 guesses).
 
 π0 is SFT'd on transcripts that use the tool only sometimes (most restate the expression and write a
 guessed product), whose calls are sometimes flawed (malformed JSON, a wrong tool name or argument, a
@@ -43,7 +43,7 @@ their own. Every message renders on its own, so environment replies are appends 
 
 CALCULATOR = "grpolab.app.demo_agent_data:calculator"
 CALC_DIGITS = 3
-GUESS_N = 12
+GUESS_N = 9
 GUESS_TURNS = 6
 TRAIN_SEED_BASE = 10**6
 HELDOUT_ITEMS = 200

@@ -183,9 +183,10 @@ class EpisodeCounters(NamedTuple):
 class EpisodeBatch:
     """N = P × G episodes, grouped by item (rows g·G .. g·G+G-1 are item g's), and how they were made.
 
-    stats: the engine's counters for the call: "forwards" (model calls), "rounds" (batched turns),
-    "fed_tokens" (ids fed, padding included), "fed_real_tokens" (ids fed, padding excluded),
-    "parked_tokens" (token-columns of KV copied to park rows between turns).
+    stats: the engine's counters for the call. The HF engine's: "forwards" (model calls), "rounds"
+    (batched turns), "fed_tokens" (ids fed, padding included), "fed_real_tokens" (ids fed, padding
+    excluded), "parked_tokens" (token-columns of KV copied to park rows between turns). The vLLM
+    engine's: "rounds", "requests", "sent_tokens", "sampled_tokens" (rollout.vllm_engine.VLLMTurnSampler).
     """
 
     episodes: list[Episode]

@@ -299,9 +299,6 @@ def _check_episodes(cfg) -> None:
         if env.kwargs:
             raise _err("environment.kwargs is set but environment.name is empty: name the environment class")
         return
-    if r.engine != "hf":
-        raise _err(f"rollout.engine={r.engine!r}: multi-turn episodes (environment / rollout.tools) sample on the hf "
-                   "engine; set rollout.engine=hf")
     if r.compile is True:
         raise _err("rollout.compile=true: episodes are decoded turn by turn with a dynamic KV cache, not the compiled "
                    "static one; set rollout.compile=auto or false")

@@ -1,9 +1,12 @@
-"""Multi-turn agent episodes on the HF engine: a batch of episodes, turn by turn, KV cache kept across turns.
+"""Multi-turn agent episodes: a batch of episodes, turn by turn; on the HF engine the KV cache is kept across turns.
 
 `generate_episodes(engine, items, group_size, ...)` runs N = P × G episodes (G per item, rows grouped
-by item as in a Rollout) with the policy an `HFEngine` samples from, and returns an `EpisodeBatch`:
+by item as in a Rollout) with the policy an engine samples from, and returns an `EpisodeBatch`:
 the agents package's `Episode` records (agents/episode.py), their trainer tensors (`to_tensors`, or a
-`Rollout`), per-episode counters and the engine's own compute counters.
+`Rollout`), per-episode counters and the engine's own compute counters. The rounds of turns below
+are the same for every engine; what samples a round is the engine's turn sampler: this module's
+`_TurnSampler` for an `HFEngine` (the rest of this docstring), or one the engine provides
+(`episode_turns`: `VLLMEngine` sends each round to vLLM on token ids, rollout/vllm_engine.py).
 
 What happens between turns is the agents package's, unchanged: each episode is run by ONE
 `EpisodeDriver.run(item)` (agents/driver.py): opening messages, tool calls answered by the tools,
@@ -67,6 +70,7 @@ ValueError), because parked caches are re-laid out by position.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -103,59 +107,82 @@ def generate_episodes(
     model: torch.nn.Module | None = None,
     logits_processor: LogitsProcessor | None = None,
 ) -> EpisodeBatch:
-    """G = group_size episodes for each item, sampled turn by turn from `model` (default: engine.model).
+    """G = group_size episodes for each item, sampled turn by turn by `engine`.
 
-    engine: an HFEngine: its tokenizer, sampling settings (temperature, top_k, top_p), compute_dtype,
-    bf16_weights, packed_weights and weight_version are used (its max_new_tokens is not: turns are
-    capped by max_turn_tokens and max_episode_tokens). make_environment, tools, max_turns,
-    max_episode_tokens, max_turn_tokens, end_of_turn: as `agents.driver.EpisodeDriver`'s (the
-    episodes are that driver's); a make_environment with an `end_batch()` method (agents.envworkers.
-    EnvPool) is told when every episode of the batch has ended. generator / greedy: as
-    HFEngine.generate_with's. logits_processor: see `LogitsProcessor` (None: sample from the model's
-    logits).
+    engine: an HFEngine (this module's turn sampler: its tokenizer, sampling settings (temperature,
+    top_k, top_p), compute_dtype, bf16_weights, packed_weights and weight_version are used; its
+    max_new_tokens is not: turns are capped by max_turn_tokens and max_episode_tokens), or an engine
+    with a turn sampler of its own (`episode_turns`, e.g. `VLLMEngine`: one vLLM generate call per
+    round on the episodes' token ids). make_environment, tools, max_turns, max_episode_tokens,
+    max_turn_tokens, end_of_turn: as `agents.driver.EpisodeDriver`'s (the episodes are that
+    driver's); a make_environment with an `end_batch()` method (agents.envworkers.EnvPool) is told
+    when every episode of the batch has ended. generator / greedy: as HFEngine.generate_with's.
+    model (default: engine.model) and logits_processor (see `LogitsProcessor`; None: sample from
+    the model's logits): the HF turn sampler's only; an engine with its own turn sampler samples
+    from its own weights and refuses them.
+
+    An engine's `episode_turns(driver, rows, generator=, greedy=)` is a context manager that yields
+    the round's sampler for `rows` episodes: an object with `sample(requests) -> replies` (episode ->
+    (its ids so far, max new tokens) -> episode -> (sampled ids, their log-probs), as `_TurnSampler.
+    sample`) and `stats` (the counters kept in EpisodeBatch.stats).
     """
+    if group_size < 1 or not items:
+        raise ValueError(f"generate_episodes: need items and group_size >= 1, got {len(items)} items, "
+                         f"group_size={group_size}")
+    own = getattr(engine, "episode_turns", None)
+    if own is not None and (model is not None or logits_processor is not None):
+        raise ValueError(f"generate_episodes: {type(engine).__name__} samples from its own weights; model= and "
+                         "logits_processor= are the HF engine's")
+    turns_of = own if own is not None else functools.partial(_hf_turns, engine, model, logits_processor)
+    coroutines = Coroutines()
+    driver = EpisodeDriver(engine.tokenizer, coroutines.generate, make_environment, tools, max_turns,
+                           max_episode_tokens, max_turn_tokens, end_of_turn)
+    n = len(items) * group_size
+    try:
+        with turns_of(driver, n, generator=generator, greedy=greedy) as turns:
+            episodes = coroutines.run(driver, [items[i // group_size] for i in range(n)], turns.sample)
+            stats = dict(turns.stats)
+    finally:
+        coroutines.close()
+        getattr(make_environment, "end_batch", _nothing)()
+    from grpolab.rollout.hf import pad_id
+
+    return EpisodeBatch(episodes, group_size, pad_id(engine.tokenizer), getattr(engine, "weight_version", 0), stats)
+
+
+@contextlib.contextmanager
+def _hf_turns(engine, model, logits_processor, driver: EpisodeDriver, rows: int, *, generator, greedy: bool):
+    """The HF engine's turn sampler (`_TurnSampler`) on `model` (default: engine.model), in eval mode,
+    under no_grad, the compute dtype's autocast and `packed_weights`; the model's mode is restored after."""
     model = model if model is not None else getattr(engine, "model", None)
     if model is None:
         raise ValueError("generate_episodes: no model to sample from (engine.model is None and no model= given)")
     if model is getattr(engine, "model", None) and getattr(engine, "released", False):
         raise RuntimeError("generate_episodes: the engine's weights were released; load_weights must come first")
-    if group_size < 1 or not items:
-        raise ValueError(f"generate_episodes: need items and group_size >= 1, got {len(items)} items, "
-                         f"group_size={group_size}")
-    coroutines = Coroutines()
-    driver = EpisodeDriver(engine.tokenizer, coroutines.generate, make_environment, tools, max_turns,
-                           max_episode_tokens, max_turn_tokens, end_of_turn)
     device = next(model.parameters()).device
     dtype = getattr(engine, "compute_dtype", None)
     was_training = model.training
     model.eval()
     use_fast_cpu_attention(model, dtype, device)
-    sampler = model
-    n = len(items) * group_size
-    turns = None
+    sampler, turns = model, None
     try:
         if getattr(engine, "bf16_weights", False) and dtype == torch.bfloat16:
             from grpolab.models.loading import frozen_copy
 
-            sampler = frozen_copy(model, torch.bfloat16)  # freed when this call returns
+            sampler = frozen_copy(model, torch.bfloat16)  # freed when the batch ends
         turns = _TurnSampler(engine, sampler, driver, generator, greedy, logits_processor)
-        with torch.no_grad(), autocast(dtype, device.type), _packing(engine, sampler, dtype, n):
-            episodes = coroutines.run(driver, [items[i // group_size] for i in range(n)], turns.sample)
+        with torch.no_grad(), autocast(dtype, device.type), _packing(engine, sampler, dtype, rows):
+            yield turns
     finally:
-        coroutines.close()
-        getattr(make_environment, "end_batch", _nothing)()
         model.train(was_training)
         sampler = None
         if turns is not None:
             turns.parked.clear()
+            turns.model = None
     if device.type == "cpu":
         from grpolab.memory import release_free_memory
 
         release_free_memory()  # the KV caches are gone: hand their pages back before learning
-    from grpolab.rollout.hf import pad_id
-
-    return EpisodeBatch(episodes, group_size, pad_id(engine.tokenizer), getattr(engine, "weight_version", 0),
-                        dict(turns.stats))
 
 
 def _nothing() -> None:

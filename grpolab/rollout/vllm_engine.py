@@ -16,6 +16,16 @@ mode drives it): `LLM(..., logprobs_mode=, enable_sleep_mode=, skip_tokenizer_in
 when vLLM's engine core runs in this process, so `from_config` sets VLLM_ENABLE_V1_MULTIPROCESSING=0
 (on torchrun ranks vLLM joins the trainer's process group: `distributed_executor_backend=external_launcher`).
 
+Agent episodes (`rollout.multiturn.generate_episodes`, an environment or tools): `VLLMEngine.episode_turns`
+gives the turn sampler `VLLMTurnSampler`. Each round of turns (the next policy turn of every live episode)
+is one `LLM.generate` call with one request per live episode: its `prompt_token_ids` are the episode's ids
+so far exactly as the driver holds them (prompt, the policy's turns as sampled, the environment's deltas:
+token in, token out, nothing decoded or re-encoded), n = 1, a seed of its own drawn from the step's
+generator, max_tokens = the turn budget the driver gives, stop on the driver's end-of-turn id. The whole
+history is sent every round; vLLM's prefix caching (`enable_prefix_caching`, set by `llm_kwargs`) finds the
+KV blocks of the part it has already seen, so a round computes only the new ids, much as the HF engine's
+kept cache does. Episodes that have ended are simply not sent again.
+
 Colocated mode (`rollout.vllm_sleep`): after each generate vLLM sleeps at level 1 (KV cache freed,
 weights offloaded to CPU memory) while the trainer learns; `load_weights` wakes the weights alone, and
 the next generate wakes the KV cache, weights first (vLLM's advice for weight updates: lower peak).
@@ -23,6 +33,7 @@ the next generate wakes the KV cache, weights first (vLLM's advice for weight up
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -149,8 +160,11 @@ def export_policy(policy, tokenizer) -> tempfile.TemporaryDirectory:
 
 
 def max_model_len(cfg, policy) -> int:
-    """vLLM's context: room for a prompt (data.max_prompt_tokens) and the completion, within the model's."""
+    """vLLM's context: room for a prompt (data.max_prompt_tokens) and the completion, and in an agent run
+    for a whole episode (rollout.max_episode_tokens), within the model's."""
     want = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    if cfg.episodes:
+        want = max(want, cfg.rollout.max_episode_tokens)
     ctx = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
     return min(want, int(ctx)) if ctx else want
 
@@ -285,13 +299,37 @@ class VLLMEngine:
         common = dict(max_tokens=self.max_new_tokens, logprobs=0, stop_token_ids=[self._eos_id()], detokenize=False)
         if greedy:
             return [SamplingParams(n=1, temperature=0.0, **common) for _ in range(n_prompts)]
-        if generator is None:
-            base = int(torch.randint(0, 2**31 - 1, (1,)))
-        else:
-            base = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
+        base = draw_seeds(generator, 1)[0]
         return [SamplingParams(n=group_size, temperature=self.temperature, top_p=self.top_p,
                                top_k=self.top_k if self.top_k > 0 else -1, seed=base + g * group_size, **common)
                 for g in range(n_prompts)]
+
+    @contextlib.contextmanager
+    def episode_turns(self, driver, rows: int, *, generator: torch.Generator | None = None, greedy: bool = False):
+        """The turn sampler of `rollout.multiturn.generate_episodes` for one batch of `rows` episodes run by
+        `driver` (an agents.driver.EpisodeDriver): a `VLLMTurnSampler` (module docstring). vLLM is woken
+        before the batch and, in colocated mode, put to sleep after it."""
+        self._wake(("weights", "kv_cache"))
+        try:
+            yield VLLMTurnSampler(self, int(driver.end_id), generator, greedy)
+        finally:
+            if self.sleep:
+                self._sleep()
+
+    def turn_params(self, budgets: Sequence[int], end_id: int, generator, greedy: bool) -> list:
+        """One `SamplingParams` per episode turn: n = 1, max_tokens = its budget, stop on `end_id`, the
+        sampled token's own log-prob (logprobs=0), no detokenization; sampled: the engine's temperature,
+        top-p, top-k and a seed per request drawn from `generator` (in request order); greedy:
+        temperature 0."""
+        from vllm import SamplingParams
+
+        common = dict(n=1, logprobs=0, stop_token_ids=[int(end_id)], detokenize=False)
+        if greedy:
+            return [SamplingParams(temperature=0.0, max_tokens=int(b), **common) for b in budgets]
+        seeds = draw_seeds(generator, len(budgets))
+        return [SamplingParams(temperature=self.temperature, top_p=self.top_p,
+                               top_k=self.top_k if self.top_k > 0 else -1, seed=seed, max_tokens=int(b), **common)
+                for b, seed in zip(budgets, seeds)]
 
     def _wake(self, tags: tuple[str, ...]) -> None:
         """Wakes the sleeping ones of `tags`, in that order (`LLM.wake_up(tags=[tag])`)."""
@@ -310,3 +348,39 @@ class VLLMEngine:
     def _eos_id(self) -> int:
         return int(self.tokenizer.eos_token_id)
 
+
+def draw_seeds(generator: torch.Generator | None, count: int) -> list[int]:
+    """`count` vLLM request seeds in [0, 2³¹ − 1) drawn from `generator` (None: torch's global generator)."""
+    if generator is None:
+        return torch.randint(0, 2**31 - 1, (count,)).tolist()
+    return torch.randint(0, 2**31 - 1, (count,), generator=generator, device=generator.device).tolist()
+
+
+class VLLMTurnSampler:
+    """Samples a round of agent-episode turns with one `LLM.generate` call on token ids (module docstring).
+
+    `sample(requests)`: requests maps each live episode (its index in the batch) to (its ids so far, the
+    turn's token budget); returns episode -> (the turn's sampled ids, ending with the end-of-turn id
+    unless cut by the budget; their sampler log-probs), the replies of the HF engine's turn sampler.
+    `stats`: "rounds" (generate calls), "requests" (turns sampled), "sent_tokens" (prompt ids sent, the
+    history that prefix caching serves included), "sampled_tokens".
+    """
+
+    def __init__(self, engine: VLLMEngine, end_id: int, generator: torch.Generator | None, greedy: bool):
+        self.engine, self.end_id, self.generator, self.greedy = engine, end_id, generator, greedy
+        self.stats = {"rounds": 0, "requests": 0, "sent_tokens": 0, "sampled_tokens": 0}
+
+    def sample(self, requests: Mapping[int, tuple[Sequence[int], int]]) -> dict[int, tuple[list[int], list[float]]]:
+        """One turn for each request, in one generate call (the class docstring)."""
+        slots = sorted(requests)
+        prompts = [{"prompt_token_ids": [int(t) for t in requests[i][0]]} for i in slots]
+        params = self.engine.turn_params([requests[i][1] for i in slots], self.end_id, self.generator, self.greedy)
+        outputs = self.engine.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        tokens, logps, _ = completions_of(outputs, 1)
+        if len(tokens) != len(slots):
+            raise ValueError(f"vLLM returned {len(tokens)} outputs for {len(slots)} episode turns")
+        self.stats["rounds"] += 1
+        self.stats["requests"] += len(slots)
+        self.stats["sent_tokens"] += sum(len(p["prompt_token_ids"]) for p in prompts)
+        self.stats["sampled_tokens"] += sum(len(t) for t in tokens)
+        return {i: (t, lp) for i, t, lp in zip(slots, tokens, logps)}

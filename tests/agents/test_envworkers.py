@@ -5,9 +5,7 @@ is replaced, and every other episode is the one the in-process path records."""
 from __future__ import annotations
 
 import json
-import os
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,21 +22,12 @@ from grpolab.models.tiny import build_tiny_model  # noqa: E402
 from grpolab.rollout.hf import HFEngine  # noqa: E402
 from grpolab.rollout.multiturn import generate_episodes  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 ENV = "agents_fixtures:HangsOnItem"
 ITEMS = [{"question": f"q{k}"} for k in range(8)]
 ITEMS[2] = {"question": "q2", "hang": True}
 ITEMS[5] = {"broken": True}
 HUNG = 2
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    path = os.pathsep.join(p for p in (str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="grpolab-tests",
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    yield
-    ray.shutdown()
+RAY_CPUS = 2
 
 
 def _scripted_batch(tok, make_environment, items):
@@ -59,7 +48,7 @@ def _scripted_batch(tok, make_environment, items):
         coroutines.close()
 
 
-def test_a_hung_environment_ends_its_episode_and_the_others_match_the_in_process_path(cluster, chat_tok):
+def test_a_hung_environment_ends_its_episode_and_the_others_match_the_in_process_path(ray_cluster, chat_tok):
     local = _scripted_batch(chat_tok, load_environment(ENV, {"turns": 2, "delay_s": 0.0}),
                             [it for k, it in enumerate(ITEMS) if k != HUNG])
     pool = EnvPool(ENV, {"turns": 2, "delay_s": 0.3}, workers=2, timeout_s=1.0)
@@ -98,7 +87,7 @@ def _tiny(tok):
     return m
 
 
-def test_the_hf_engine_samples_the_same_episodes_with_env_workers(cluster, chat_tok):
+def test_the_hf_engine_samples_the_same_episodes_with_env_workers(ray_cluster, chat_tok):
     model = _tiny(chat_tok)
     engine = HFEngine(chat_tok, max_new_tokens=8, temperature=1.0)
     items = [{"question": f"q{k}"} for k in range(3)]
@@ -116,7 +105,7 @@ def test_the_hf_engine_samples_the_same_episodes_with_env_workers(cluster, chat_
     assert remote == local and sum(e.turns for e in local) > len(local)  # environment turns did happen
 
 
-def test_a_training_run_with_env_workers_logs_the_in_process_metrics(cluster, tmp_path):
+def test_a_training_run_with_env_workers_logs_the_in_process_metrics(ray_cluster, tmp_path):
     """The config's path end to end (the setup's agent, the trainer's episodes, the run's close); the
     random tiny policy rarely ends a turn, so the steps are the other tests'."""
     from grpolab import config as C

@@ -20,28 +20,11 @@ from grpolab.grpo import loop as grpo  # noqa: E402
 from grpolab.grpo.run import train_in_run_dir  # noqa: E402
 from grpolab.grpo.setup import build_setup  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2",
-        "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=6",
-        "train.minibatch_size=8", "train.microbatch_size=4", "train.steps=3", "run.threads=1",
-        "run.progress=false", "run.tensorboard=false",
-        "model.dtype=float32"]  # workers and trainer compared token for token: float32 on every CPU kind
-NOT_COMPARED = ("time/", "tokens_per_s/", "mfu", "sync/")
+from ray_sizes import TINY, compared_rows, sample_prompts, stop_after_step_1_and_resume  # noqa: E402
 
 
 def _cfg(*overrides: str) -> C.Config:
     return C.from_preset("grpo", TINY + list(overrides))
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """One local Ray cluster for the module; the workers import this folder's modules (slow_rewards)."""
-    path = os.pathsep.join(p for p in (str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, namespace="grpolab-tests",
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    torch.set_num_threads(1)
-    yield
-    ray.shutdown()
 
 
 def _checksum(model) -> float:
@@ -49,7 +32,7 @@ def _checksum(model) -> float:
         return float(sum(p.double().sum() for p in model.state_dict().values()))
 
 
-def test_every_worker_samples_with_the_trainers_new_weights_after_each_sync(cluster):
+def test_every_worker_samples_with_the_trainers_new_weights_after_each_sync(ray_cluster):
     """3 steps with 2 rollout workers: after each sync each worker holds version step+1, its weights
     are the trainer's, and from one sampling state it draws the tokens and log-probs the trainer's
     own policy draws (and the greedy tokens); the policy does change over the steps."""
@@ -84,11 +67,10 @@ def test_every_worker_samples_with_the_trainers_new_weights_after_each_sync(clus
 
 
 def _rows(run_dir: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(NOT_COMPARED)}
-            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return compared_rows(run_dir)
 
 
-def test_one_rollout_worker_writes_the_single_process_metrics(cluster, tmp_path):
+def test_one_rollout_worker_writes_the_single_process_metrics(ray_cluster, tmp_path):
     """Same seed, CPU: rollout.workers=1 gives the metrics and samples of the in-process engine."""
     for name, extra in (("local", []), ("ray", ["rollout.workers=1"])):
         s = build_setup(_cfg(*extra, "loss.entropy_coef=0.01"))
@@ -99,7 +81,7 @@ def test_one_rollout_worker_writes_the_single_process_metrics(cluster, tmp_path)
     assert all("sync/seconds" in json.loads(x) for x in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines())
 
 
-def test_reward_workers_score_the_groups_at_once_with_the_same_scores(cluster, tmp_path):
+def test_reward_workers_score_the_groups_at_once_with_the_same_scores(ray_cluster, tmp_path):
     """A reward that sleeps 1 s per call, 4 groups over 2 reward workers: the 4 calls all run at the
     same time (no call starts after another has ended), and the scores are the in-process ones."""
     log = tmp_path / "calls.jsonl"
@@ -120,7 +102,7 @@ def test_reward_workers_score_the_groups_at_once_with_the_same_scores(cluster, t
                                torch.tensor([float(len(t)) for t in record.texts]))
 
 
-def test_overlap_learns_one_version_behind_on_the_behaviour_log_probs(cluster, monkeypatch):
+def test_overlap_learns_one_version_behind_on_the_behaviour_log_probs(ray_cluster, monkeypatch):
     """rollout.overlap=1: step k's rollout was sampled by weights k-1 (staleness 0, 1, 1), and the loss
     takes π_old from those weights (the sampler's log-probs), not from the trainer's policy at step k."""
     s = build_setup(_cfg("rollout.workers=1", "rollout.overlap=1", "train.lr=0.05", "loss.entropy_coef=0.05"))
@@ -176,34 +158,24 @@ def test_the_actors_command_line_drops_ray_and_nproc():
     assert strip_ray(["train", "c.yaml", "--ray=auto", "--nproc=2"]) == ["train", "c.yaml"]
 
 
-def test_a_stopped_overlap_run_resumes_with_the_prompts_it_had_not_trained_on(cluster, tmp_path):
+def test_a_stopped_overlap_run_resumes_with_the_prompts_it_had_not_trained_on(ray_cluster, tmp_path):
     """rollout.overlap=1, stopped after step 1 while step 2's batch was in flight: the checkpoint keeps the
     prompt stream before that batch, so the resumed run trains steps 2 and 3 on the prompts the
     uninterrupted run trained them on (step 2 generated again from the checkpoint's weights: staleness 0)."""
-    from grpolab.rundir.checkpoint import complete_checkpoints
-    from grpolab.grpo.signals import request_stop
 
     cfg = _cfg("rollout.workers=1", "rollout.overlap=1", "train.steps=4", "run.checkpoint_every=1")
     assert train_in_run_dir(build_setup(cfg), tmp_path / "whole") == 0
-    s = build_setup(cfg)
-    s.services.hooks.insert(0, lambda step, row, record: request_stop() if step == 1 else None)
-    assert train_in_run_dir(s, tmp_path / "run") == 143
-    assert [p.name for p in complete_checkpoints(tmp_path / "run" / "checkpoints")][-1] == "step-2"
-    s = build_setup(cfg)
-    assert train_in_run_dir(s, tmp_path / "run", resume_from=tmp_path / "run" / "checkpoints" / "step-2") == 0
-
-    def prompts(run):
-        return [(r["step"], r["prompt"]) for r in map(json.loads, (run / "samples.jsonl").read_text().splitlines())]
+    stop_after_step_1_and_resume(cfg, tmp_path / "run")
 
     def staleness(run):
         return [json.loads(x)["rollout/staleness"] for x in (run / "metrics.jsonl").read_text().splitlines()]
 
-    assert prompts(tmp_path / "run") == prompts(tmp_path / "whole")
+    assert sample_prompts(tmp_path / "run") == sample_prompts(tmp_path / "whole")
     assert staleness(tmp_path / "whole") == [0, 1, 1, 1]
     assert staleness(tmp_path / "run") == [0, 1, 0, 1]
 
 
-def test_a_reward_the_workers_cannot_build_is_named_at_setup(cluster):
+def test_a_reward_the_workers_cannot_build_is_named_at_setup(ray_cluster):
     reward = f'rewards=[{{name: "slow_rewards:only_in", kwargs: {{pid: {os.getpid()}}}}}]'
     with pytest.raises(ValueError, match=r"rollout.reward_workers: a reward worker could not build the rewards "
                                          r"\['slow_rewards:only_in'\].*cannot be built outside process"):
@@ -211,7 +183,7 @@ def test_a_reward_the_workers_cannot_build_is_named_at_setup(cluster):
 
 
 @pytest.mark.parametrize("how", ["rollout-ray.kill", "rollout-process-killed", "reward-ray.kill"])
-def test_a_worker_that_dies_ends_the_run_with_one_grpolab_message(cluster, tmp_path, monkeypatch, capsys, how):
+def test_a_worker_that_dies_ends_the_run_with_one_grpolab_message(ray_cluster, tmp_path, monkeypatch, capsys, how):
     """A rollout or reward worker that dies before a step (ray.kill, or its process SIGKILLed) ends
     `grpolab train` with one grpolab message naming the worker and --resume, exit code 1, no Ray
     traceback; --resume then finishes the run with new workers."""

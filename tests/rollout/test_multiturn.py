@@ -14,10 +14,10 @@ from grpolab.agents.delta import prompt_ids, render  # noqa: E402
 from grpolab.agents.driver import EpisodeDriver  # noqa: E402
 from grpolab.agents.tools import load_tools  # noqa: E402
 from grpolab.algo.logprobs import token_logprobs  # noqa: E402
-from grpolab.models.tiny import build_tiny_model  # noqa: E402
 from grpolab.rollout.hf import HFEngine  # noqa: E402
 from grpolab.rollout.multiturn import generate_episodes  # noqa: E402
 from grpolab.batch import position_ids  # noqa: E402
+from multiturn_helpers import Countdown, tiny_with_eos_bias  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -25,41 +25,16 @@ def chat_tok():
     return build_chat_tokenizer()
 
 
-def _tiny(tok, eos_bias: float):
-    """A 2-layer, 32-wide char Qwen2 whose head adds `eos_bias` to <|im_end|>'s logit."""
-    m = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, max_positions=2048, seed=0).eval()
-    head = torch.nn.Linear(32, len(tok), bias=True)
-    head.weight = m.get_input_embeddings().weight
-    with torch.no_grad():
-        head.bias.zero_()
-        head.bias[tok.eos_token_id] = eos_bias
-    m.lm_head = head
-    return m
-
-
 @pytest.fixture(scope="module")
 def model(chat_tok):
     """Turns of a few ids, most ending with <|im_end|> (some cut by a 6-id cap at temperature 1.5)."""
-    return _tiny(chat_tok, 3.5)
+    return tiny_with_eos_bias(chat_tok, 3.5)
 
 
 @pytest.fixture(scope="module")
 def talker(chat_tok):
     """Turns of 1 to 12 ids and more: longer decodes, rows leaving the batch at different steps."""
-    return _tiny(chat_tok, 2.0)
-
-
-class Countdown:
-    """Done after item["turns"] steps (reward 1.0 then); replies "again" until then."""
-
-    def reset(self, item):
-        self.left = item["turns"]
-        return [{"role": "user", "content": f"Say something {item['turns']} times."}]
-
-    def step(self, message):
-        self.left -= 1
-        done = self.left <= 0
-        return [{"role": "user", "content": "again"}], (1.0 if done else None), done
+    return tiny_with_eos_bias(chat_tok, 2.0)
 
 
 class Mixed:

@@ -21,6 +21,7 @@ from grpolab.models.tiny_chat import build_char_chat_tokenizer
 from grpolab.rollout import vllm_engine as V
 from grpolab.rollout.hf import HFEngine
 from grpolab.rollout.multiturn import generate_episodes
+from multiturn_helpers import Countdown, tiny_with_eos_bias
 
 HAS_VLLM_GPU = torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
 
@@ -84,32 +85,7 @@ def tok():
     return build_char_chat_tokenizer()
 
 
-class Countdown:
-    """Done after item["turns"] steps (reward 1.0 then); replies "again" until then."""
-
-    def reset(self, item):
-        self.left = item["turns"]
-        return [{"role": "user", "content": f"Say something {item['turns']} times."}]
-
-    def step(self, message):
-        self.left -= 1
-        done = self.left <= 0
-        return [{"role": "user", "content": "again"}], (1.0 if done else None), done
-
-
 EOS_BIAS = 3.5
-
-
-def _tiny(tok, eos_bias: float):
-    """A 2-layer, 32-wide char Qwen2 whose head adds `eos_bias` to <|im_end|>'s logit."""
-    m = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, max_positions=2048, seed=0).eval()
-    head = torch.nn.Linear(32, len(tok), bias=True)
-    head.weight = m.get_input_embeddings().weight
-    with torch.no_grad():
-        head.bias.zero_()
-        head.bias[tok.eos_token_id] = eos_bias
-    m.lm_head = head
-    return m
 
 
 def _engine(llm, tok, **kw):
@@ -257,7 +233,7 @@ def test_the_episodes_and_rollout_equal_the_hf_turn_samplers_for_the_same_turns(
     kw = dict(make_environment=Countdown, max_turns=3, max_turn_tokens=6, max_episode_tokens=600)
     llm = ScriptedLLM(_script_of_prompt(tok), logp=lambda k: 0.0)
     mine = generate_episodes(_engine(llm, tok), items, 1, generator=torch.Generator().manual_seed(0), **kw)
-    hf = generate_episodes(HFEngine(tok, max_new_tokens=6), items, 1, model=_tiny(tok, EOS_BIAS),
+    hf = generate_episodes(HFEngine(tok, max_new_tokens=6), items, 1, model=tiny_with_eos_bias(tok, EOS_BIAS),
                            logits_processor=Force(tok, items), generator=torch.Generator().manual_seed(0), **kw)
     assert [(e.turns, e.stop_reason) for e in mine.episodes] == [(1, "done"), (2, "done"), (3, "max_turn_tokens")]
     assert [len(prompts) for prompts, _ in llm.calls] == [3, 2, 1]

@@ -17,8 +17,8 @@ Rollout.versions where rows differ; an agent episode in Episode.weight_version),
 the mean and the max (`rollout/staleness_max`) over its rows. The importance ratio is taken
 against the sampler's own log-probs, the behaviour policy's (grpo.loop.record_logprobs). With
 K ≥ 2 the sync returns once the weights are sent (RayEngine.sync_wait) and the next sync waits for
-it, so the trainer waits for a batch only when it takes it: a slow batch is absorbed by the K - 1
-steps of slack. With K = 1 the sync waits until the workers hold the weights.
+it (at most one sync in flight): a slow batch is absorbed by one step of slack, whatever K ≥ 2 (a
+larger K adds staleness, not slack). With K = 1 the sync waits until the workers hold the weights.
 
 Batch k+j draws the prompts and the sampling seed step k+j would draw without overlap: the prompt
 stream is read in step order, and each batch's sampling stream is seeded from (train.seed, rank,

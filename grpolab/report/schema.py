@@ -81,7 +81,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("time/rollout_wait_s", "rollout.overlap: waiting for the batch prefetched during earlier steps",
                "s", required=False),
     MetricSpec("sync/seconds", "rollout.workers: weight sync to the workers (object store put + every worker's "
-               "load)", "s", required=False),
+               "load; with rollout.overlap ≥ 2 the put + the wait for the previous sync)", "s", required=False),
     MetricSpec("sync/bytes", "rollout.workers: bytes of weights sent to the workers per sync", "bytes", "int",
                required=False),
     MetricSpec("rm_refresh/labels", "rm_refresh: pairs of the policy's completions the labeler judged at this "

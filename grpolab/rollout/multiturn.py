@@ -116,7 +116,8 @@ def generate_episodes(
     round on the episodes' token ids). make_environment, tools, max_turns, max_episode_tokens,
     max_turn_tokens, end_of_turn: as `agents.driver.EpisodeDriver`'s (the episodes are that
     driver's); a make_environment with an `end_batch()` method (agents.envworkers.EnvPool) is told
-    when every episode of the batch has ended. generator / greedy: as HFEngine.generate_with's.
+    when every episode of the batch has ended, and one with a `start()` method is started first (a
+    failure to start raises here instead of ending each episode as an environment error). generator / greedy: as HFEngine.generate_with's.
     model (default: engine.model) and logits_processor (see `LogitsProcessor`; None: sample from
     the model's logits): the HF turn sampler's only; an engine with its own turn sampler samples
     from its own weights and refuses them.
@@ -138,6 +139,7 @@ def generate_episodes(
     driver = EpisodeDriver(engine.tokenizer, coroutines.generate, make_environment, tools, max_turns,
                            max_episode_tokens, max_turn_tokens, end_of_turn)
     n = len(items) * group_size
+    getattr(make_environment, "start", _nothing)()  # env workers: a failed start is an error, not an episode's
     try:
         with turns_of(driver, n, generator=generator, greedy=greedy) as turns:
             episodes = coroutines.run(driver, [items[i // group_size] for i in range(n)], turns.sample)

@@ -63,7 +63,7 @@ def test_a_scripted_path_reaches_the_goal_with_the_library_reward():
 def test_an_invalid_action_is_answered_with_the_action_space_and_not_played():
     env = GymnasiumEnv("FrozenLake-v1", LAKE, instructions="Reach G.")
     assert env.reset({"seed": 0})[0]["content"].startswith("Reach G.\n\n")
-    for text in ("left", "7"):
+    for text in ("left", "7", "-1", "99999999999999999999"):
         reply, reward, done = env.step({"role": "assistant", "content": text})
         assert reply == [{"role": "user", "content": f"Invalid action {text!r}: the action space is Discrete(4)."}]
         assert reward is None and not done

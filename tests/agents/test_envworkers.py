@@ -67,8 +67,9 @@ def test_a_hung_environment_ends_its_episode_and_the_others_match_the_in_process
             assert hung.env_error.startswith("HangsOnItem.step did not answer within 1 s (rollout.env_timeout_s)")
             assert remote[5].env_error == "HangsOnItem raised KeyError: 'no such level'"
             assert [e.reward for e in remote] == [1.0, 1.0, None, 1.0, 1.0, None, 1.0, 1.0]
-            # one after another: 6 episodes x 2 steps x 0.3 s + the 1 s limit; at once: about 1 s + 0.3 s
-            assert 1.0 < wall < 2.8, wall
+            # one after another: 6 episodes x 2 steps x 0.3 s + the 1 s limit = 4.6 s; at once: about 1 s + 0.3 s
+            # (the bound leaves room for a loaded 2-core machine and still fails calls made in turn)
+            assert 1.0 < wall < 3.5, wall
         rows = episode_rows(EpisodeBatch(remote, 1, chat_tok.pad_token_id or 0, 0, {}), chat_tok.decode)
         assert episode_metrics(rows)["episode/env_errors"] == 2.0
     finally:

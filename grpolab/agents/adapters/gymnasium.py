@@ -87,7 +87,8 @@ class GymnasiumEnv:
         space = self.env.action_space
         if isinstance(space, self._gym.spaces.Discrete):
             value = last_integer(text)
-            action = None if value is None else space.dtype.type(value)
+            in_range = value is not None and int(space.start) <= value < int(space.start) + int(space.n)
+            action = space.dtype.type(value) if in_range else None  # a huge integer would overflow the dtype
         else:
             action = text
         return action if action is not None and space.contains(action) else None

@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import random
+import threading
 from typing import Any, Iterator
 
 from grpolab.agents.adapters.common import item_seed, require_library
 
 _PLAYER = 0
+_RANDOM_LOCK = threading.Lock()
+"""Held while a game runs on its own `random` state: episodes stepped in threads (env workers) take turns."""
 
 
 class TextArenaEnv:
@@ -52,14 +55,15 @@ class TextArenaEnv:
     @contextlib.contextmanager
     def _own_random(self) -> Iterator[None]:
         """Runs a library call on this episode's `random` state; the global state is put back after."""
-        outside = random.getstate()
-        if self._random_state is not None:
-            random.setstate(self._random_state)
-        try:
-            yield
-        finally:
-            self._random_state = random.getstate()
-            random.setstate(outside)
+        with _RANDOM_LOCK:
+            outside = random.getstate()
+            if self._random_state is not None:
+                random.setstate(self._random_state)
+            try:
+                yield
+            finally:
+                self._random_state = random.getstate()
+                random.setstate(outside)
 
     def reset(self, item: Any) -> list[dict[str, str]]:
         """Makes and starts the game (seeded by item["seed"] when there is one); returns its opening

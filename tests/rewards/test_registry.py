@@ -14,7 +14,8 @@ from grpolab.rewards.registry import FunctionReward, build_reward, is_verifier, 
 
 BUILTIN_VERIFIERS = {"exact_match": True, "refusal": False, "format": False, "answer_format": False,
                      "reasoning_gym": True, "math_verify": True, "code_tests": True, "reward_model": False,
-                     "reward_model_ensemble": False, "self_likelihood": False, "overlong": False}
+                     "reward_model_ensemble": False, "self_likelihood": False, "overlong": False,
+                     "tool_use": False}
 
 USER_MODULE = '''
 calls = []

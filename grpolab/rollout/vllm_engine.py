@@ -300,8 +300,7 @@ class VLLMEngine:
         if greedy:
             return [SamplingParams(n=1, temperature=0.0, **common) for _ in range(n_prompts)]
         base = draw_seeds(generator, 1)[0]
-        return [SamplingParams(n=group_size, temperature=self.temperature, top_p=self.top_p,
-                               top_k=self.top_k if self.top_k > 0 else -1, seed=base + g * group_size, **common)
+        return [SamplingParams(n=group_size, **self._sampled(), seed=base + g * group_size, **common)
                 for g in range(n_prompts)]
 
     @contextlib.contextmanager
@@ -327,9 +326,12 @@ class VLLMEngine:
         if greedy:
             return [SamplingParams(temperature=0.0, max_tokens=int(b), **common) for b in budgets]
         seeds = draw_seeds(generator, len(budgets))
-        return [SamplingParams(temperature=self.temperature, top_p=self.top_p,
-                               top_k=self.top_k if self.top_k > 0 else -1, seed=seed, max_tokens=int(b), **common)
+        return [SamplingParams(**self._sampled(), seed=seed, max_tokens=int(b), **common)
                 for b, seed in zip(budgets, seeds)]
+
+    def _sampled(self) -> dict:
+        """The engine's sampling settings as SamplingParams keywords (top_k 0 = off: vLLM's -1)."""
+        return dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k if self.top_k > 0 else -1)
 
     def _wake(self, tags: tuple[str, ...]) -> None:
         """Wakes the sleeping ones of `tags`, in that order (`LLM.wake_up(tags=[tag])`)."""

@@ -179,6 +179,13 @@ class EpisodeCounters(NamedTuple):
     truncated: bool
 
 
+def counters_of(e: Episode) -> EpisodeCounters:
+    """The episode's counts."""
+    policy = sum(len(s.ids) for s in e.segments if s.policy)
+    return EpisodeCounters(e.turns, e.tool_calls, sum(e.tool_errors.values()), policy, len(e.body_ids) - policy,
+                           e.stop_reason, e.truncated)
+
+
 @dataclass
 class EpisodeBatch:
     """N = P × G episodes, grouped by item (rows g·G .. g·G+G-1 are item g's), and how they were made.
@@ -215,14 +222,44 @@ class EpisodeBatch:
 
     @property
     def counters(self) -> list[EpisodeCounters]:
-        out = []
-        for e in self.episodes:
-            policy = sum(len(s.ids) for s in e.segments if s.policy)
-            out.append(EpisodeCounters(e.turns, e.tool_calls, sum(e.tool_errors.values()), policy,
-                                       len(e.body_ids) - policy, e.stop_reason, e.truncated))
-        return out
+        return [counters_of(e) for e in self.episodes]
 
     def env_rewards(self) -> torch.Tensor:
         """[N] float32: each episode's summed step rewards (Episode.reward), NaN where no step gave one."""
         return torch.tensor([float("nan") if e.reward is None else e.reward for e in self.episodes],
                             dtype=torch.float32)
+
+
+def env_reward(e: Episode) -> float:
+    """The environment's reward of an episode: the sum of its step rewards, 0.0 when no step gave one
+    (e.g. an episode cut before the environment's end)."""
+    return e.reward if e.reward is not None else 0.0
+
+
+def last_reply(e: Episode) -> str:
+    """The episode's last assistant message ("" when it has none)."""
+    return next((m["content"] for m in reversed(e.messages) if m.get("role") == "assistant"), "")
+
+
+def scoring_inputs(episodes: Sequence[Episode], decode) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+    """What reward functions get per episode, in training and held-out evaluation alike: (prompts [N]:
+    each opening as the policy saw it, completions [N]: each last assistant message, metadata [N]: per
+    episode "messages" (the transcript), "env_reward" (`env_reward`), "turns", "tool_calls",
+    "tool_errors" (failed calls, all kinds), "stop_reason", "completion_tokens" (policy tokens)).
+    decode: ids -> text (the tokenizer's, special tokens kept)."""
+    prompts, texts, metas = [], [], []
+    for e in episodes:
+        c = counters_of(e)
+        prompts.append(decode(e.prompt_ids))
+        texts.append(last_reply(e))
+        metas.append({"messages": [dict(m) for m in e.messages], "env_reward": env_reward(e), "turns": c.turns,
+                      "tool_calls": c.tool_calls, "tool_errors": c.tool_errors, "stop_reason": c.stop_reason,
+                      "completion_tokens": c.policy_tokens})
+    return prompts, texts, metas
+
+
+def probe_meta(item_meta: dict[str, Any]) -> dict[str, Any]:
+    """The metadata of an episode of the item with no turn yet: its fields, and what `scoring_inputs`
+    adds, as start-up probes of reward functions score agent runs (rewards.base.probe_reward)."""
+    _, _, (meta,) = scoring_inputs([Episode(prompt_ids=[])], lambda ids: "")
+    return {**item_meta, "truncated": False, **meta}

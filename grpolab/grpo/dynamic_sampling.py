@@ -31,7 +31,8 @@ import torch
 from grpolab.algo.advantages import zero_std_groups
 from grpolab.rollout.hf import pad_id
 from grpolab.batch import Rollout, concat_rollouts
-from grpolab.grpo.episodes import apply_env_errors, episode_rows, sample_episodes, scoring_inputs
+from grpolab.agents.episode import scoring_inputs
+from grpolab.grpo.episodes import apply_env_errors, episode_rows, sample_episodes
 from grpolab.grpo.stats import StepStats, score_rollout
 
 
@@ -103,7 +104,7 @@ def episode_batch(s, items: list, st: StepStats, in_flight, show) -> Batch:
     with st.timer("score"):
         show("score")
         decode = s.models.tokenizer.decode
-        prompts, texts, metas = scoring_inputs(episodes, decode)
+        prompts, texts, metas = scoring_inputs(episodes.episodes, decode)
         apply_env_errors(episodes, items, metas, s.on_reward_error, st)
         scores, rewards = score_rollout(s.data.rewards, items, texts, ro, s.on_reward_error, st, s.cfg.rollout.max_new_tokens,
                                         s.data.reward_pool, prompts=prompts, row_meta=metas)

@@ -8,9 +8,8 @@ of the loop is the completions' one. Here:
   workers (rollout/multiturn.py, rollout/ray_engine.py), from the step's seeded sampling stream;
 - `EnvironmentReward`: the environment's reward (the sum of an episode's step rewards) as a reward
   function named "environment", weighted like the others (environment.reward_weight);
-- `scoring_inputs`: what the reward functions get per episode: the last assistant message as the
-  completion, the opening as the prompt, and in the metadata the transcript ("messages"), the
-  environment's reward, the counts and the stop reason;
+- what the reward functions get per episode is agents.episode.scoring_inputs' (the last assistant
+  message as the completion, the opening as the prompt, the transcript and counts in the metadata);
 - `apply_env_errors`: an environment that raised follows train.on_reward_error for its episode
   (raise: the run stops with the environment's message; zero: the episode's environment reward
   is 0; skip_group: the environment abstains on the episode's whole group);
@@ -23,7 +22,7 @@ import math
 from typing import Any, Sequence
 
 from grpolab.agents.agent import episode_item
-from grpolab.agents.episode import Episode, EpisodeBatch
+from grpolab.agents.episode import EpisodeBatch, env_reward
 from grpolab.rewards.base import RewardError
 
 ENVIRONMENT_REWARD = "environment"
@@ -53,32 +52,6 @@ def sample_episodes(s, items: Sequence[Any], generator, in_flight=None) -> Episo
     from grpolab.rollout.multiturn import generate_episodes
 
     return generate_episodes(engine, rows, G, generator=generator, **s.data.agent.driver_kwargs())
-
-
-def env_reward(e: Episode) -> float:
-    """The environment's reward of an episode: the sum of its step rewards, 0.0 when no step gave one
-    (e.g. an episode cut before the environment's end)."""
-    return e.reward if e.reward is not None else 0.0
-
-
-def last_reply(e: Episode) -> str:
-    """The episode's last assistant message ("" when it has none)."""
-    return next((m["content"] for m in reversed(e.messages) if m.get("role") == "assistant"), "")
-
-
-def scoring_inputs(batch: EpisodeBatch, decode) -> tuple[list[str], list[str], list[dict[str, Any]]]:
-    """(prompts [N]: each opening as the policy saw it, completions [N]: each last assistant message,
-    metadata [N]: per episode "messages" (the transcript), "env_reward" (`env_reward`),
-    "turns", "tool_calls", "tool_errors", "stop_reason", "completion_tokens" (policy tokens)).
-    decode: ids -> text (the tokenizer's, special tokens kept)."""
-    prompts, texts, metas = [], [], []
-    for e, c in zip(batch.episodes, batch.counters):
-        prompts.append(decode(e.prompt_ids))
-        texts.append(last_reply(e))
-        metas.append({"messages": [dict(m) for m in e.messages], "env_reward": env_reward(e), "turns": c.turns,
-                      "tool_calls": c.tool_calls, "tool_errors": c.tool_errors, "stop_reason": c.stop_reason,
-                      "completion_tokens": c.policy_tokens})
-    return prompts, texts, metas
 
 
 def apply_env_errors(batch: EpisodeBatch, items: Sequence[Any], metas: list[dict[str, Any]], on_error: str,

@@ -32,7 +32,7 @@ def score_rollout(rewards, items, texts: Sequence[str], ro, on_error: str, st: "
     (rollout.max_new_tokens; rewards/shaping.py).
     pool: a `rewards.pool.RewardPool` scoring on Ray reward workers (None = in this process).
     prompts: [N] the prompt of each row (default: each item's prompt). row_meta: [N] more metadata
-    per row, over the rest (agent episodes: grpo.episodes.scoring_inputs').
+    per row, over the rest (agent episodes: agents.episode.scoring_inputs').
     """
     G = ro.group_size
     prompts = list(prompts) if prompts is not None else [it.prompt for it in items for _ in range(G)]

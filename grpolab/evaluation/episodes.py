@@ -66,7 +66,22 @@ def _offset(processor, offset: int):
     return lambda rows, logits: processor([offset + r for r in rows], logits)
 
 
-def episode_metrics(episodes: Sequence[Episode]) -> dict[str, Any]:
+def score_episodes(episodes: Sequence[Episode], metas: Sequence[dict[str, Any]], rewards: Sequence[tuple[Any, float]],
+                   decode) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Each episode scored as training scores it (agents.episode.scoring_inputs): its last assistant
+    message by every reward of `rewards` ([(RewardFn, weight)]), metas [N]: each episode's item fields
+    (the data row's). Returns (scores: name -> [N], NaN = abstained; the weighted sum [N])."""
+    from grpolab.agents.episode import scoring_inputs
+    from grpolab.rewards.base import combine, score_batch
+
+    prompts, texts, extra = scoring_inputs(episodes, decode)
+    rows = [{**m, "truncated": e.truncated, "completion_ids": e.body_ids, **x}
+            for m, e, x in zip(metas, episodes, extra)]
+    scores = {fn.name: score_batch(fn, prompts, texts, rows) for fn, _ in rewards}
+    return scores, combine(scores, {fn.name: w for fn, w in rewards})
+
+
+def episode_metrics(episodes: Sequence[Episode], solved: Sequence[bool] | None = None) -> dict[str, Any]:
     """The metrics of a list of episodes (N = len(episodes)):
 
     - "episodes": N;
@@ -74,7 +89,8 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, Any]:
       an episode that got no reward (None: cut before the environment scored it, or an environment
       error) counts as 0.0;
     - "solved": the share of episodes whose environment reward is > 0 (the accuracy of a one-answer
-      task such as CalculatorTask); "accuracy": the same number;
+      task such as CalculatorTask), or of those `solved` marks [N] (e.g. a verifier's 1.0 when there
+      is no environment); "accuracy": the same number;
     - "turns/mean": policy turns per episode; "turns_to_solve/mean": policy turns per solved episode
       (None when none was solved);
     - "tool_calls/count": tool calls parsed, all episodes; "tool_calls/mean": per episode;
@@ -89,7 +105,10 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, Any]:
     if n == 0:
         raise ValueError("episode_metrics: no episodes")
     rewards = [e.reward if e.reward is not None else 0.0 for e in episodes]
-    solved = [e for e, r in zip(episodes, rewards) if r > 0]
+    marks = [r > 0 for r in rewards] if solved is None else list(solved)
+    if len(marks) != n:
+        raise ValueError(f"episode_metrics: {len(marks)} solved marks for {n} episodes")
+    won = [e for e, ok in zip(episodes, marks) if ok]
     calls = sum(e.tool_calls for e in episodes)
     errors: dict[str, int] = {}
     for e in episodes:
@@ -99,10 +118,10 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, Any]:
     out = {
         "episodes": n,
         "reward/mean": sum(rewards) / n,
-        "solved": len(solved) / n,
-        "accuracy": len(solved) / n,
+        "solved": len(won) / n,
+        "accuracy": len(won) / n,
         "turns/mean": sum(e.turns for e in episodes) / n,
-        "turns_to_solve/mean": sum(e.turns for e in solved) / len(solved) if solved else None,
+        "turns_to_solve/mean": sum(e.turns for e in won) / len(won) if won else None,
         "tool_calls/count": calls,
         "tool_calls/mean": calls / n,
         "tool_use/frac": sum(e.tool_calls > 0 for e in episodes) / n,

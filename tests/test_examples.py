@@ -1,5 +1,6 @@
 """Every config in examples/ loads, validates and runs a GRPO step (SmolLM2 ones where the model
-package is installed, else skipped with the reason); the math example also evaluates."""
+package is installed, else skipped with the reason); the math example also evaluates. The pipelines
+run a step per stage: seed_pipeline.yaml in tests/app/test_pipeline.py, smollm2_tool_agent.yaml here."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from grpolab import cli, config as C
 ROOT = Path(__file__).resolve().parents[1]
 ALL = sorted((ROOT / "examples").glob("*.yaml"))
 PIPELINES = [p for p in ALL if any(line.startswith("grpo:") for line in p.read_text().splitlines())]
-EXAMPLES = [p for p in ALL if p not in PIPELINES]  # training configs; pipelines run in tests/app/test_pipeline.py
+EXAMPLES = [p for p in ALL if p not in PIPELINES]  # training configs; the pipelines have tests of their own
 SMALL = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "train.minibatch_size=4",
          "train.microbatch_size=2", "train.epochs=1", "train.steps=1", "run.checkpoint_every=0",
          "run.progress=false", "run.tensorboard=false"]
@@ -111,4 +112,7 @@ def test_tool_agent_pipeline_runs_every_stage(tmp_path, monkeypatch, capsys):
             m = res[model][part]
             assert m["episodes"] == 2 and 0.0 <= m["reward/reasoning_gym"] <= 1.0 and "tool_calls/well_formed" in m
     records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
-    assert len(records) == 4 and all("<tool_call>" in r["prompt"] or "# Tools" in r["prompt"] for r in records)
+    assert [r["model"] for r in records] == ["pi0", "pi0", "final", "final"]
+    for r in records:  # each held-out episode as the policy saw it, scored, with its sample
+        assert r["scores"]["reasoning_gym"] in (0.0, 1.0) and r["correct"] in (0.0, 1.0) and len(r["samples"]) == 1
+        assert r["messages"][0]["role"] == "system" and "calculator" in r["messages"][0]["content"]

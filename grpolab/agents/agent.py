@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from grpolab.agents.envworkers import EnvPool
+from grpolab.agents.episode import Episode, scoring_inputs
 from grpolab.agents.protocol import Environment, load_environment
 from grpolab.agents.tools import ToolBox, load_tools
 
@@ -119,3 +120,15 @@ def episode_item(item: Any) -> dict[str, Any]:
     elif getattr(item, "prompt", ""):
         out.setdefault("prompt", item.prompt)
     return out
+
+
+def probe_meta(item: Any, max_new_tokens: int | None = None) -> dict[str, Any]:
+    """The metadata of an episode of `item` (a PromptItem) with no turn yet, as start-up probes of reward
+    functions score agent runs (rewards.base.probe_reward): the item's fields, what
+    `episode.scoring_inputs` adds with the opening as the transcript (the item's messages, or its
+    prompt as a user message), and max_new_tokens (rollout.max_new_tokens) as training gives every row."""
+    row = episode_item(item)
+    opening = row.get("messages") or ([{"role": "user", "content": row["prompt"]}] if "prompt" in row else [])
+    _, _, (meta,) = scoring_inputs([Episode(prompt_ids=[], messages=[dict(m) for m in opening])], lambda ids: "")
+    limit = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
+    return {**item.meta, "truncated": False, **limit, **meta}

@@ -258,8 +258,16 @@ def scoring_inputs(episodes: Sequence[Episode], decode) -> tuple[list[str], list
     return prompts, texts, metas
 
 
-def probe_meta(item_meta: dict[str, Any]) -> dict[str, Any]:
-    """The metadata of an episode of the item with no turn yet: its fields, and what `scoring_inputs`
-    adds, as start-up probes of reward functions score agent runs (rewards.base.probe_reward)."""
-    _, _, (meta,) = scoring_inputs([Episode(prompt_ids=[])], lambda ids: "")
-    return {**item_meta, "truncated": False, **meta}
+ENVIRONMENT_REWARD = "environment"
+
+
+class EnvironmentReward:
+    """The environment's reward of each episode, read from metadata["env_reward"] (None: abstain).
+    A verifier: the step's `accuracy` counts it."""
+
+    name = ENVIRONMENT_REWARD
+    verifier = True
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str],
+                 metadata: Sequence[dict[str, Any]]) -> list[float | None]:
+        return [m.get("env_reward") for m in metadata]

@@ -11,9 +11,9 @@ earlier stage could not have changed:
 - every eval.group_by field is a field of the held-out rows.
 
 The checks read the files with the tokenizer of the model that will read them (the SFT stage's, which
-the later stages inherit, else the GRPO stage's) when it loads here without the model (a local folder,
-a GGUF, a shortcut): chat messages are rendered and prompt lengths checked as the stage will. Otherwise
-(a built-in model) without a tokenizer: prompts as plain text, which the stages render again.
+the later stages inherit, else the GRPO stage's), loaded without the model: chat messages are rendered
+by its template and every text encoded as the stage will (`model_tokenizer`; a hub id not in the cache
+is read with a stand-in that checks chat messages without rendering them).
 """
 
 from __future__ import annotations
@@ -84,27 +84,49 @@ def _read(p, field: str, load) -> Any:
         raise ConfigError(f"{p.source}: {field}: {e} (every stage's inputs are read before any stage runs)") from None
 
 
-def model_tokenizer(name: str) -> Any:
-    """The tokenizer of the model `name` when it loads without the model (a local folder, a GGUF, a
-    shortcut), else None (a built-in model, or one only the stage can fetch)."""
-    from grpolab.models.loading import load_tokenizer, resolve_model_path
+class PlainChat:
+    """A stand-in tokenizer for the checks when the model's is not at hand (a hub id not in the cache):
+    chat messages are checked and joined as text instead of rendered by a template, text is encoded as
+    bytes (no length is checked with it)."""
 
-    if not name or name.startswith("builtin:"):
-        return None
+    chat_template = "plain"
+    unk_token_id = None
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = False) -> str:
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": list(text.encode())}
+
+
+def model_tokenizer(p, name: str, field: str) -> Any:
+    """The tokenizer of the model `name` (the pipeline's `field`), loaded without the model: a built-in
+    model's, a local folder's, a GGUF's or a shortcut's (a folder that cannot give one is a ConfigError
+    naming the field), a hub id's from the Hugging Face cache; else `PlainChat` (never downloaded here)."""
+    from grpolab.models.loading import MODEL_SHORTCUTS, load_tokenizer, resolve_model_path
+    from grpolab.models.policy import BUILTIN_MODELS, builtin_tokenizer
+
+    if name in BUILTIN_MODELS:
+        return builtin_tokenizer(name)
+    if name in MODEL_SHORTCUTS or Path(name).expanduser().exists():
+        try:
+            return load_tokenizer(resolve_model_path(name))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{p.source}: {field}: {e} (read for its tokenizer before any stage runs)") from None
     try:
-        return load_tokenizer(resolve_model_path(name))
-    except (OSError, ValueError):
-        return None
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(name, local_files_only=True, trust_remote_code=False)
+    except Exception:  # noqa: BLE001 - not in the cache (or not a hub id): the stage fetches it or says why
+        return PlainChat()
 
 
-def prompt_rows(cfg, source: str, tokenizer: Any = None) -> list:
-    """The prompt items of `source` under cfg.data's field names, rendered by `tokenizer` (None: plain
-    text, no chat template); one item of a built-in or reasoning-gym source (nothing to check there but
-    the probe's row)."""
+def prompt_rows(cfg, source: str, tokenizer: Any) -> list:
+    """The prompt items of `source` under cfg.data's field names, rendered by `tokenizer`; one item of a
+    built-in source (nothing to check there but the probe's row)."""
     from grpolab.data.build import prompt_stream
 
-    read = cfg.replace(**{"data.source": source, **({} if tokenizer is not None else {"data.chat_template": False})})
-    stream = prompt_stream(read, tokenizer)
+    stream = prompt_stream(cfg.replace(**{"data.source": source}), tokenizer)
     return list(stream.items) if hasattr(stream, "items") else stream.next_batch(1)
 
 
@@ -115,12 +137,13 @@ def read_inputs(p, grpo_cfg) -> dict[str, list]:
     from grpolab.data.preferences import load_pairs
     from grpolab.data.sft_pairs import load_sft_pairs
 
-    tok = model_tokenizer(p.sft.model.name_or_path if p.sft is not None else p.grpo.model.name_or_path)
+    first = "sft" if p.sft is not None else "grpo"  # the later stages inherit the SFT stage's tokenizer
+    tok = model_tokenizer(p, getattr(p, first).model.name_or_path, f"{first}.model.name_or_path")
     if p.sft is not None and source_path(p.sft.data.source) is not None:
         d = p.sft.data
         _read(p, "sft.data.source", lambda: load_sft_pairs(
             d.source, response_field=d.response_field, prompt_field=d.prompt_field, messages_field=d.messages_field,
-            **(source_options(p.sft, tok) if tok is not None else {"tokenizer": None, "use_chat_template": False})))
+            **source_options(p.sft, tok)))
     for name, opts in p.reward_models.items():
         for key in ("data", "eval_data"):
             path = str(opts.get(key) or "")
@@ -136,7 +159,7 @@ def read_inputs(p, grpo_cfg) -> dict[str, list]:
 def probe_rewards_on(p, field: str, cfg, rows: list) -> None:
     """Builds cfg's rewards (but the learned ones) and probes each on the first of `rows`; a ConfigError
     naming the pipeline file, `field` and the reward when one cannot be built or fails."""
-    from grpolab.agents.episode import probe_meta
+    from grpolab.agents.agent import probe_meta
     from grpolab.rewards.base import RewardError, probe_reward
     from grpolab.rewards.registry import build_rewards
 
@@ -150,7 +173,7 @@ def probe_rewards_on(p, field: str, cfg, rows: list) -> None:
     first = rows[0]
     for fn, _w in rewards:
         try:
-            meta = probe_meta(first.meta) if cfg.episodes else {**first.meta, "truncated": False}
+            meta = probe_meta(first, cfg.rollout.max_new_tokens) if cfg.episodes else {**first.meta, "truncated": False}
             probe_reward(fn, [first.prompt], [meta])
         except RewardError as e:
             raise ConfigError(f"{p.source}: {field}: {e} (every stage's rewards are probed before any stage "

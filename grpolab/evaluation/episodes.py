@@ -67,15 +67,17 @@ def _offset(processor, offset: int):
 
 
 def score_episodes(episodes: Sequence[Episode], metas: Sequence[dict[str, Any]], rewards: Sequence[tuple[Any, float]],
-                   decode) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+                   decode, max_new_tokens: int | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Each episode scored as training scores it (agents.episode.scoring_inputs): its last assistant
     message by every reward of `rewards` ([(RewardFn, weight)]), metas [N]: each episode's item fields
-    (the data row's). Returns (scores: name -> [N], NaN = abstained; the weighted sum [N])."""
+    (the data row's); max_new_tokens: rollout.max_new_tokens, in every row's metadata as in training.
+    Returns (scores: name -> [N], NaN = abstained; the weighted sum [N])."""
     from grpolab.agents.episode import scoring_inputs
     from grpolab.rewards.base import combine, score_batch
 
     prompts, texts, extra = scoring_inputs(episodes, decode)
-    rows = [{**m, "truncated": e.truncated, "completion_ids": e.body_ids, **x}
+    limit = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
+    rows = [{**m, "truncated": e.truncated, "completion_ids": e.body_ids, **limit, **x}
             for m, e, x in zip(metas, episodes, extra)]
     scores = {fn.name: score_batch(fn, prompts, texts, rows) for fn, _ in rewards}
     return scores, combine(scores, {fn.name: w for fn, w in rewards})

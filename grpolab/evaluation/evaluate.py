@@ -230,19 +230,20 @@ def evaluate_policy(model, tokenizer, cfg, samples: int = 0, items=None, best_of
 def evaluate_episodes(model, engine: HFEngine, items, cfg, samples: int = 0) -> dict:
     """An agent run's held-out evaluation (cfg.episodes: an environment or tools): the episodes of
     `items` under cfg's environment, tools and limits, greedy, and with samples = k > 0 also k sampled
-    episodes per item (seeded by train.seed). Each part: `evaluation.episodes.episode_metrics`, and
-    with reward functions in cfg, each episode scored as training scores it: "reward/NAME" (each
-    function's mean) and "reward" (their weighted sum's mean); without an environment "solved" and
-    "accuracy" are the first verifier reward's 1.0 rate and there is no "reward/mean" (tools-only
-    episodes have no environment to solve or reward them). "completions": one record per item (its transcript, counts and scores, then its samples)."""
+    episodes per item (seeded by train.seed). Each part: `evaluation.episodes.episode_metrics` and each
+    episode scored as training scores it: "reward/NAME" per reward function (the environment's reward
+    is "reward/environment") and "reward", their weighted sum (the mean over episodes). Without an
+    environment, "solved" is the share of episodes the first verifier reward scored 1.0, "accuracy"
+    that rate over the episodes it scored (neither without a verifier). "completions": one record per
+    item (the prompt as the policy saw it, its transcript, counts and scores, then its samples)."""
     from grpolab.agents.agent import AgentSpec, episode_item
-    from grpolab.algo.metrics import correct_rows, nanmean
-    from grpolab.evaluation.episodes import episode_metrics, run_agent_episodes, score_episodes
-    from grpolab.rewards.registry import build_rewards, is_verifier
+    from grpolab.agents.episode import EnvironmentReward
+    from grpolab.evaluation.episodes import run_agent_episodes
+    from grpolab.rewards.registry import build_rewards
 
     rows = [episode_item(it) for it in items]
-    rewards = build_rewards(cfg)
-    verifiers = [fn.name for fn, _ in rewards if is_verifier(fn)]
+    rewards = build_rewards(cfg) + ([(EnvironmentReward(), cfg.environment.reward_weight)]
+                                    if cfg.environment.name else [])
     with AgentSpec.from_config(cfg).build() as agent:
         parts = {"greedy": (run_agent_episodes(engine, agent, rows, model=model), 1)}
         if samples > 0:
@@ -251,18 +252,10 @@ def evaluate_episodes(model, engine: HFEngine, items, cfg, samples: int = 0) -> 
     out: dict = {"prompts": len(rows)}
     records = [{"prompt": it.prompt, "meta": it.meta} for it in items]
     for part, (episodes, reps) in parts.items():
-        metas = [it.meta for it in items for _ in range(reps)]
-        scores, total = score_episodes(episodes, metas, rewards, engine.tokenizer.decode) if rewards else ({}, None)
-        correct = correct_rows(scores, verifiers)
-        solved = None if cfg.environment.name or correct is None else (correct == 1.0).tolist()
-        out[part] = {**({"samples": reps} if part == "sampled" else {}), **episode_metrics(episodes, solved)}
-        if not cfg.environment.name:  # no environment, no environment reward
-            del out[part]["reward/mean"]
-        if total is not None:
-            out[part].update({"reward": nanmean(total), **{f"reward/{k}": nanmean(v) for k, v in scores.items()}})
-        for r, e in enumerate(episodes):
-            rec = _episode_record(e, {k: _float(v[r]) for k, v in scores.items()},
-                                  None if total is None else _float(total[r]))
+        metrics, recs = _scored_episodes(episodes, [it.meta for it in items for _ in range(reps)], rewards, cfg,
+                                         engine.tokenizer.decode)
+        out[part] = {**({"samples": reps} if part == "sampled" else {}), **metrics}
+        for r, (e, rec) in enumerate(zip(episodes, recs)):
             if part == "greedy":
                 records[r].update(rec, prompt=engine.tokenizer.decode(e.prompt_ids))  # as the policy saw it
             else:
@@ -271,13 +264,36 @@ def evaluate_episodes(model, engine: HFEngine, items, cfg, samples: int = 0) -> 
     return out
 
 
-def _episode_record(e, scores: dict, reward: float | None) -> dict:
+def _scored_episodes(episodes, metas, rewards, cfg, decode) -> tuple[dict, list[dict]]:
+    """(the metrics of `evaluate_episodes` for one part, one completions record per episode)."""
+    from grpolab.algo.metrics import correct_rows, nanmean
+    from grpolab.evaluation.episodes import episode_metrics, score_episodes
+    from grpolab.rewards.registry import is_verifier
+
+    scores, total = score_episodes(episodes, metas, rewards, decode, cfg.rollout.max_new_tokens) if rewards \
+        else ({}, torch.full((len(episodes),), math.nan))
+    correct = None if cfg.environment.name else correct_rows(scores, [fn.name for fn, _ in rewards if is_verifier(fn)])
+    m = episode_metrics(episodes, None if correct is None else (correct == 1.0).tolist())
+    del m["reward/mean"]  # the environment's reward is reward/environment
+    if correct is not None:
+        m["accuracy"] = nanmean(correct)
+    elif not cfg.environment.name:  # nothing tells a solved episode
+        for key in ("solved", "accuracy", "turns_to_solve/mean"):
+            del m[key]
+    if rewards:
+        m.update({"reward": nanmean(total), **{f"reward/{k}": nanmean(v) for k, v in scores.items()}})
+    recs = [_episode_record(e, {k: _float(v[r]) for k, v in scores.items()}, _float(total[r]),
+                            None if correct is None else _float(correct[r])) for r, e in enumerate(episodes)]
+    return m, recs
+
+
+def _episode_record(e, scores: dict, reward: float | None, correct: float | None) -> dict:
     """An episode as completions.jsonl keeps it: its last reply, transcript, counts and scores."""
     from grpolab.agents.episode import last_reply
 
     return {"completion": last_reply(e), "messages": [dict(m) for m in e.messages], "turns": e.turns,
             "tool_calls": e.tool_calls, "tool_errors": dict(e.tool_errors), "stop_reason": e.stop_reason,
-            "truncated": e.truncated, "env_reward": e.reward, "scores": scores, "reward": reward}
+            "truncated": e.truncated, "env_reward": e.reward, "scores": scores, "reward": reward, "correct": correct}
 
 
 def format_eval(res: dict) -> str:

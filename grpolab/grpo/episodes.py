@@ -6,8 +6,8 @@ of the loop is the completions' one. Here:
 
 - `sample_episodes`: the episodes of a batch of items, on the in-process engine or the rollout
   workers (rollout/multiturn.py, rollout/ray_engine.py), from the step's seeded sampling stream;
-- `EnvironmentReward`: the environment's reward (the sum of an episode's step rewards) as a reward
-  function named "environment", weighted like the others (environment.reward_weight);
+- the environment's reward is a reward function like the others (agents.episode.EnvironmentReward,
+  weighted by environment.reward_weight);
 - what the reward functions get per episode is agents.episode.scoring_inputs' (the last assistant
   message as the completion, the opening as the prompt, the transcript and counts in the metadata);
 - `apply_env_errors`: an environment that raised follows train.on_reward_error for its episode
@@ -24,21 +24,6 @@ from typing import Any, Sequence
 from grpolab.agents.agent import episode_item
 from grpolab.agents.episode import EpisodeBatch, env_reward
 from grpolab.rewards.base import RewardError
-
-ENVIRONMENT_REWARD = "environment"
-
-
-class EnvironmentReward:
-    """The environment's reward of each episode, read from metadata["env_reward"] (None: abstain).
-    A verifier: the step's `accuracy` counts it."""
-
-    name = ENVIRONMENT_REWARD
-    verifier = True
-
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str],
-                 metadata: Sequence[dict[str, Any]]) -> list[float | None]:
-        return [m.get("env_reward") for m in metadata]
-
 
 def sample_episodes(s, items: Sequence[Any], generator, in_flight=None) -> EpisodeBatch:
     """G = rollout.group_size episodes of each item (rows grouped by item), sampled with `generator`:

@@ -22,9 +22,8 @@ from grpolab.config import Config, ConfigError
 from grpolab.parallel.launch import step_seed
 from grpolab.parallel.parallel import Parallel
 from grpolab.report.progress import Progress
-from grpolab.agents.agent import Agent, AgentSpec
-from grpolab.agents.episode import probe_meta
-from grpolab.grpo.episodes import EnvironmentReward
+from grpolab.agents.agent import Agent, AgentSpec, probe_meta
+from grpolab.agents.episode import EnvironmentReward
 from grpolab.rewards.base import probe_rewards
 from grpolab.rewards.registry import build_rewards
 from grpolab.models.policy import load_policy
@@ -345,9 +344,9 @@ def build_setup(cfg: Config, policy=None, tokenizer=None, prompts=None, progress
     check_prompt_lengths(cfg, policy, tokenizer, prompts)
     state, first = prompts.state_dict(), prompts.next_batch(2)  # peek: the cursor is put back
     prompts.load_state_dict(state)
-    probe_rewards(rewards, [it.prompt for it in first], [probe_meta(it.meta) if cfg.episodes else
-                                                        {**it.meta, "truncated": False} for it in first],
-                  cfg.train.on_reward_error)
+    metas = [probe_meta(it, cfg.rollout.max_new_tokens) if cfg.episodes else {**it.meta, "truncated": False}
+             for it in first]
+    probe_rewards(rewards, [it.prompt for it in first], metas, cfg.train.on_reward_error)
     critic = Critic.from_config(cfg.loss, policy, forward) if cfg.loss.advantage in VALUE_BASED else None
     params = trainable_parameters(policy, critic)
     opt = adamw(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=(0.9, cfg.train.adam_beta2))

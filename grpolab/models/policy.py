@@ -4,16 +4,27 @@ when model.lora_rank > 0 and gradient checkpointing when model.gradient_checkpoi
 from __future__ import annotations
 
 
+BUILTIN_MODELS = ("builtin:tiny", "builtin:tiny-chat")
+
+
+def builtin_tokenizer(name: str):
+    """The character tokenizer of a built-in model (`BUILTIN_MODELS`); builtin:tiny-chat's has a chat
+    template that renders tools."""
+    from grpolab.models.tiny import build_char_tokenizer
+    from grpolab.models.tiny_chat import TOOLS_TEMPLATE, build_char_chat_tokenizer
+
+    return build_char_chat_tokenizer(TOOLS_TEMPLATE) if name == "builtin:tiny-chat" else build_char_tokenizer()
+
+
 def load_policy(cfg):
     """(model, tokenizer) for a Config's model section: the built-in tiny model, or any local HF/GGUF model,
     prepared by `prepare_policy`."""
     m = cfg.model
-    if m.name_or_path in ("builtin:tiny", "builtin:tiny-chat"):
-        from grpolab.models.tiny import build_char_tokenizer, build_tiny_model
-        from grpolab.models.tiny_chat import TOOLS_TEMPLATE, build_char_chat_tokenizer
+    if m.name_or_path in BUILTIN_MODELS:
+        from grpolab.models.tiny import build_tiny_model
 
         chat = m.name_or_path == "builtin:tiny-chat"
-        tok = build_char_chat_tokenizer(TOOLS_TEMPLATE) if chat else build_char_tokenizer()
+        tok = builtin_tokenizer(m.name_or_path)
         model = build_tiny_model(tok, hidden_size=m.hidden_size, num_layers=m.num_layers,
                                  num_heads=m.num_heads, seed=cfg.train.seed, **({"max_positions": 2048} if chat else {}))
     else:

@@ -103,7 +103,8 @@ def sft_builtin(model, tokenizer, task, cfg, say: Callable[[str], None] = print)
     BUILTIN_SFT_EXAMPLES) drawn with
     `refusal_examples` refusals (of `refusal_kinds`), stopping early once greedy accuracy on a probe
     of `probe_prompts` training-side prompts reaches `stop_at_accuracy` (checked every `probe_every`
-    steps; 0 = run all `steps`). Held-out prompts are never looked at. Returns the step losses."""
+    steps; 0 = run all `steps`). Held-out prompts are never looked at. It computes in float32 whatever
+    model.dtype says (the tiny model's π0 is the same on every CPU kind). Returns the step losses."""
     from grpolab.rollout.hf import HFEngine
     from grpolab.evaluation.evaluate import evaluate_arith
 

@@ -108,24 +108,29 @@ def test_a_pipeline_refuses_a_folder_holding_another_commands_run(folder, capsys
     assert sorted(p.name for p in (folder / "out").iterdir()) == [".grpolab.lock", "final", "run.json"]
 
 
-def test_chat_rows_are_read_with_the_models_tokenizer_before_any_stage_runs(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("model", ["folder", "builtin:tiny-chat"])
+def test_chat_rows_are_read_with_the_models_tokenizer_before_any_stage_runs(model, tmp_path, monkeypatch, capsys):
     """SFT rows given as chat messages need the model's chat template: the checks before the first stage
-    render them with the tokenizer of the model folder (no model loaded), and a bad row is named there."""
+    render them with the model's tokenizer (a folder's, loaded without the model, or a built-in one's),
+    and a bad row is named there."""
     from grpolab import config as C
     from grpolab.models.policy import load_policy
 
-    model, tok = load_policy(C.from_preset("sft", ["model.name_or_path=builtin:tiny-chat", "model.hidden_size=32",
-                                                   "model.num_layers=1", "model.num_heads=2"]))
-    model.save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
+    if model == "folder":
+        policy, tok = load_policy(C.from_preset("sft", ["model.name_or_path=builtin:tiny-chat", "model.hidden_size=32",
+                                                        "model.num_layers=1", "model.num_heads=2"]))
+        policy.save_pretrained(tmp_path / "model")
+        tok.save_pretrained(tmp_path / "model")
     chat = [{"messages": [{"role": "user", "content": f"{a}+{b}?"}, {"role": "assistant", "content": str(a + b)}]}
             for a in range(4) for b in range(4)]
     (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat))
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"{a}+1?", "answer": str(a + 1)}) + "\n"
                                                     for a in range(8)))
-    text = PIPELINE.replace("model: {hidden_size: 32, num_layers: 1, num_heads: 2}", "model: {name_or_path: model}")
+    name = "model" if model == "folder" else model
+    text = PIPELINE.replace("model: {hidden_size: 32,", f"model: {{name_or_path: {name!r}, hidden_size: 32,")
     text = text.replace("data/sft.jsonl", "sft.jsonl").replace("data/prompts.jsonl", "prompts.jsonl")
-    text = text.replace('jsonl:data/heldout.jsonl", eval_prompts: 4', 'jsonl:prompts.jsonl", eval_prompts: 4, chat_template: false')
+    text = text.replace('jsonl:data/heldout.jsonl", eval_prompts: 4',
+                        'jsonl:prompts.jsonl", eval_prompts: 4, chat_template: false')
     text = text.replace('rewards: ["exact_match:1.0"]', 'rewards: ["answer_format:1.0"]')
     (tmp_path / "p.yaml").write_text(text)
     monkeypatch.chdir(tmp_path)

@@ -128,8 +128,9 @@ def test_tools_only_episodes_are_scored_by_the_config_rewards(monkeypatch):
                   _tool_episode("9", calls=2, errors=1, turns=3)]
     sampled_eps = [_tool_episode(a, calls=c) for a, c in (("7", 0), ("1", 1), ("5", 1), ("5", 0), ("0", 0), ("9", 1))]
     monkeypatch.setattr(ev, "run_agent_episodes", lambda *a, greedy=True, **k: greedy_eps if greedy else sampled_eps)
+    overlong = "{name: overlong, weight: 0.0, kwargs: {buffer_len: 4}}"  # reads rollout.max_new_tokens
     cfg = C.from_preset("grpo", ["rollout.tools=[grpolab.agents.builtin:calculator]",
-                                 "rewards=[test_eval_says_answer:1.0, tool_use:0.5]"])
+                                 f"rewards=[test_eval_says_answer:1.0, tool_use:0.5, {overlong}]"])
     items = [PromptItem(f"q{i}", {"answer": a}) for i, a in enumerate(("7", "6", "9"))]
     engine = SimpleNamespace(tokenizer=SimpleNamespace(decode=str))
     res = evaluate_episodes(None, engine, items, cfg, samples=2)
@@ -137,10 +138,36 @@ def test_tools_only_episodes_are_scored_by_the_config_rewards(monkeypatch):
     assert "reward/mean" not in g  # no environment
     assert g["reward/test_eval_says_answer"] == pytest.approx(2 / 3) and g["reward/tool_use"] == pytest.approx(0.5)
     assert g["reward"] == pytest.approx((1.5 + 0.0 + 1.25) / 3)
-    assert g["solved"] == g["accuracy"] == pytest.approx(2 / 3) and g["turns_to_solve/mean"] == pytest.approx(2.5)
+    assert g["solved"] == pytest.approx(2 / 3) and g["accuracy"] == pytest.approx(2 / 3)
+    assert g["turns_to_solve/mean"] == pytest.approx(2.5)
     assert s["samples"] == 2 and s["solved"] == pytest.approx(2 / 6) and s["reward/tool_use"] == pytest.approx(0.5)
     recs = res["completions"]
     assert [r["completion"] for r in recs] == ["7", "5", "9"] and [r["meta"]["answer"] for r in recs] == ["7", "6", "9"]
-    assert recs[2]["scores"] == {"test_eval_says_answer": 1.0, "tool_use": 0.5} and recs[2]["reward"] == 1.25
+    assert recs[2]["scores"] == {"test_eval_says_answer": 1.0, "tool_use": 0.5, "overlong": 0.0}
+    assert recs[2]["reward"] == 1.25
     assert recs[2]["tool_errors"] == {"raised": 1} and recs[0]["messages"][-1]["content"] == "7"
+    assert [r["correct"] for r in recs] == [1.0, 0.0, 1.0]
     assert [[x["completion"] for x in r["samples"]] for r in recs] == [["7", "1"], ["5", "5"], ["0", "9"]]
+
+
+def test_held_out_episodes_with_an_environment_score_its_reward_beside_the_functions(monkeypatch):
+    """With an environment its reward is reward/environment (× environment.reward_weight in `reward`) and
+    `solved` stays the environment's; without an environment or a verifier nothing says solved."""
+    import grpolab.evaluation.episodes as ev
+    from grpolab import config as C
+    from grpolab.evaluation.evaluate import evaluate_episodes
+
+    episodes = [_tool_episode("3", calls=1, turns=2), _tool_episode("5", turns=3)]
+    episodes[0].rewards.append((1, 1.0))
+    episodes[1].rewards.append((2, 0.0))
+    monkeypatch.setattr(ev, "run_agent_episodes", lambda *a, **k: episodes)
+    engine = SimpleNamespace(tokenizer=SimpleNamespace(decode=str))
+    items = [PromptItem("q0", {"secret": 3}), PromptItem("q1", {"secret": 4})]
+    cfg = C.from_preset("grpo", ["environment.name=grpolab.agents.builtin:GuessNumber", "environment.reward_weight=2.0",
+                                 "rewards=[tool_use:0.5]"])
+    g = evaluate_episodes(None, engine, items, cfg)["greedy"]
+    assert "reward/mean" not in g and g["reward/environment"] == 0.5 and g["reward/tool_use"] == 0.5
+    assert g["reward"] == pytest.approx((2.0 + 0.5 + 0.0) / 2) and g["solved"] == 0.5 and g["turns_to_solve/mean"] == 2
+    no_verifier = cfg.replace(**{"environment.name": "", "rollout.tools": ["grpolab.agents.builtin:calculator"]})
+    g = evaluate_episodes(None, engine, items, no_verifier)["greedy"]
+    assert g["reward"] == 0.25 and not {"solved", "accuracy", "turns_to_solve/mean"} & set(g)
